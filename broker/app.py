@@ -1,0 +1,1 @@
+"""Composition root (placeholder: the Foundation work fills it in)."""

@@ -1,0 +1,7 @@
+"""Commands: placeholder, to be filled in by its owner."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)

@@ -1,0 +1,9 @@
+"""Commands: placeholder, to be filled in by its owner."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Mount this module's commands on the root app."""

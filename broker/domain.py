@@ -1,0 +1,304 @@
+"""The broker's value types. Plain frozen dataclasses: no I/O, no SQL, no clock.
+
+These are what `broker/placement` computes on, what `broker/store` persists and
+what `broker/sim` simulates. The API's pydantic schemas convert to and from
+them at the edge (`broker/api/schemas.py`). Add fields only with defaults so
+every producer keeps working.
+
+Units are in the names. `cpu` is in vCPUs (cores), memory in GiB.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from providers.base import Interconnect, Offer, PricingModel
+
+__all__ = [
+    "Assignment",
+    "Cluster",
+    "DataSource",
+    "FederationSnapshot",
+    "Interconnect",
+    "Offer",
+    "Placement",
+    "PolicyAction",
+    "Pool",
+    "PricingModel",
+    "Resources",
+    "Site",
+    "SiteHealth",
+    "Spread",
+    "Tenant",
+    "Toleration",
+    "UserRegion",
+    "Workload",
+    "WorkloadKind",
+    "WorkloadSpec",
+    "WorkloadStatus",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    cpu: float = 0.0
+    memory_gib: float = 0.0
+    gpu: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(self.cpu + other.cpu, self.memory_gib + other.memory_gib,
+                         self.gpu + other.gpu)
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(self.cpu - other.cpu, self.memory_gib - other.memory_gib,
+                         self.gpu - other.gpu)
+
+    def scale(self, k: float) -> Resources:
+        return Resources(self.cpu * k, self.memory_gib * k, int(round(self.gpu * k)))
+
+    def fits_in(self, other: Resources) -> bool:
+        return (self.cpu <= other.cpu + 1e-9 and self.memory_gib <= other.memory_gib + 1e-9
+                and self.gpu <= other.gpu)
+
+    def is_valid(self) -> bool:
+        return self.cpu >= 0 and self.memory_gib >= 0 and self.gpu >= 0
+
+
+class WorkloadKind(enum.StrEnum):
+    SERVICE = "service"  # long-running, latency-sensitive
+    BATCH = "batch"  # runs to completion
+    TRAIN = "train"  # GPU training, runs to completion
+
+
+class WorkloadStatus(enum.StrEnum):
+    PENDING = "pending"  # accepted, durable, waiting for the placement loop
+    PLACED = "placed"  # a placement is written, not yet applied
+    RUNNING = "running"  # applied and reported running by the driver
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNPLACEABLE = "unplaceable"  # no feasible option; the decision record says why
+
+
+@dataclass(frozen=True, slots=True)
+class DataSource:
+    size_gb: float
+    location: str  # a cluster name, or `provider:region`
+    url: str = ""
+    sha256: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # NoSchedule | PreferNoSchedule | NoExecute | "" (all)
+
+    def tolerates(self, taint: str) -> bool:
+        """`taint` is `key=value:Effect` or `key:Effect` (kubectl's notation)."""
+        kv, _, effect = taint.partition(":")
+        key, _, value = kv.partition("=")
+        if self.key and self.key != key:
+            return False
+        if self.effect and effect and self.effect != effect:
+            return False
+        return self.operator == "Exists" or self.value == value
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Spread replicas over at least `min_domains` and at most `max_domains`."""
+
+    topology: str = "cluster"  # cluster | zone | region
+    min_domains: int = 1
+    max_domains: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    name: str
+    kind: WorkloadKind
+    image: str
+    replicas: int
+    resources: Resources  # per replica
+    gpu_model: str | None = None
+    interconnect: Interconnect = Interconnect.NONE  # required between a replica's GPUs
+    user_region: str | None = None  # a user-region name or `provider:region`
+    latency_slo_ms: float | None = None  # RTT bound user_region <-> serving cluster
+    data: tuple[DataSource, ...] = ()
+    image_gb: float = 0.5
+    duration_s: float | None = None  # expected run time; None for services
+    # Cluster label selectors that must (affinity) / must not (anti_affinity) match.
+    affinity: Mapping[str, str] = field(default_factory=dict)
+    anti_affinity: Mapping[str, str] = field(default_factory=dict)
+    # Workload names this one must not share a cluster with.
+    avoid_workloads: tuple[str, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    spread: Spread | None = None
+    priority: int = 0
+    budget_usd_per_hour: float | None = None
+    spot_ok: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> Resources:
+        return self.resources.scale(self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    id: str
+    tenant: str
+    spec: WorkloadSpec
+    status: WorkloadStatus = WorkloadStatus.PENDING
+    submitted_s: float = 0.0  # seconds on the caller's clock (epoch s live, sim s in the twin)
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A node pool of one instance type in one cluster."""
+
+    name: str
+    instance_type: str
+    node: Resources  # allocatable per node
+    nodes: int  # provisioned now
+    max_nodes: int
+    price_usd_per_hour: float  # per node, at this pool's pricing model
+    pricing: PricingModel = PricingModel.ON_DEMAND
+    gpu_model: str | None = None
+    interconnect: Interconnect = Interconnect.NONE
+    used: Resources = field(default_factory=Resources)  # requested by what runs now
+    # Largest set of GPUs free on one node with the pool's interconnect (topology.py).
+    largest_free_gpu_set: int = 0
+    reclaim_rate_per_hour: float = 0.0  # spot reclaim hazard
+
+    @property
+    def provisioned(self) -> Resources:
+        return self.node.scale(self.nodes)
+
+    @property
+    def free(self) -> Resources:
+        return self.provisioned - self.used
+
+    @property
+    def can_add_nodes(self) -> int:
+        return max(0, self.max_nodes - self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    name: str
+    provider: str  # aws | gcp | azure | onprem | edge
+    region: str
+    pools: tuple[Pool, ...] = ()
+    zones: tuple[str, ...] = ()
+    lat: float | None = None
+    lon: float | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[str, ...] = ()
+    quota_vcpu: float | None = None
+    quota_gpu: float | None = None
+    healthy: bool = True
+    quota_stale: bool = False  # quota sync failed repeatedly: treat quota conservatively
+
+    @property
+    def region_key(self) -> str:
+        return f"{self.provider}:{self.region}"
+
+    @property
+    def is_edge(self) -> bool:
+        return self.provider == "edge"
+
+
+class SiteHealth(enum.StrEnum):
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """An edge site: a small cluster near users, run by a `skyfed-edge` agent."""
+
+    name: str
+    lat: float
+    lon: float
+    capacity: Resources
+    price_usd_per_hour: float = 0.0
+    gpu_model: str | None = None
+    interconnect: Interconnect = Interconnect.PCIE
+    uplink_gbps: float = 1.0
+    health: SiteHealth = SiteHealth.HEALTHY
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UserRegion:
+    name: str
+    lat: float
+    lon: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    budget_usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    cluster: str
+    pool: str
+    pricing: PricingModel
+    replicas: int
+    price_usd_per_hour: float  # for these replicas together
+    new_nodes: int = 0  # nodes the pool must add for them
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    workload_id: str
+    assignments: tuple[Assignment, ...]
+    cost_usd_per_hour: float
+    rtt_ms: float | None = None
+    decision: Mapping[str, object] = field(default_factory=dict)  # explain.py's record
+
+    @property
+    def placed_replicas(self) -> int:
+        return sum(a.replicas for a in self.assignments)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyAction:
+    """What the RL policy may steer; the LP keeps every hard constraint.
+
+    `cluster_bias_usd_per_hour` is added to the per-replica objective of every
+    option in that cluster (negative = preferred). `headroom` scales usable
+    pool capacity (0 < headroom <= 1). `prewarm_lead_s` is how long before the
+    predicted need the edge hub / autoscaler starts prewarming.
+    """
+
+    cluster_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
+    headroom: float = 0.9
+    prewarm_lead_s: float = 120.0
+    latency_weight_usd_per_ms: float = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class FederationSnapshot:
+    """Everything the planner may look at in one epoch, read at one instant."""
+
+    now_s: float
+    clusters: tuple[Cluster, ...]
+    pending: tuple[Workload, ...]
+    running: tuple[Placement, ...] = ()
+    user_regions: tuple[UserRegion, ...] = ()
+    # Measured RTTs that override the catalog's: (a, b) -> ms, keys are cluster
+    # names, `provider:region` keys or user-region names.
+    rtt_ms: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    tenants: tuple[Tenant, ...] = ()

@@ -1,0 +1,170 @@
+"""Settings: one TOML file plus `SKYFED_<SECTION>__<KEY>` environment overrides.
+
+Loaded once, in `broker/app.py` (`load_settings()`), and passed down as grouped
+values; nothing reads settings at import time. Precedence, highest first:
+explicit keyword arguments, environment variables, the TOML file, defaults.
+
+The defaults run with nothing installed but the package: a SQLite file under
+`data_dir`, an embedded MQTT broker, simulated member clusters.
+
+Environment variables use a double underscore between section and key so keys
+may contain single underscores: `SKYFED_STORE__URL`, `SKYFED_API__PORT`,
+`SKYFED_PLACEMENT__SOLVER`. The single-underscore form from DESIGN.md
+(`SKYFED_STORE_URL`) is accepted too for the documented top-level keys (see
+`_legacy_env`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG = Path("config/skyfed.toml")
+
+
+class StoreSettings(BaseModel):
+    # Empty means: SQLite file `skyfed.db` under `data_dir`.
+    url: str = ""
+    echo: bool = False
+    pool_size: int = Field(default=10, ge=1)
+
+
+class ApiSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    # Printed once on first start when no admin token exists yet. Never logged.
+    admin_token: SecretStr | None = None
+
+    @field_validator("admin_token")
+    @classmethod
+    def _no_placeholder(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and v.get_secret_value() in {"changeme", "changethis", "secret", ""}:
+            raise ValueError("admin_token must not be a placeholder value")
+        return v
+
+
+class MqttSettings(BaseModel):
+    url: str = "mqtt://127.0.0.1:1883"
+    # Run an in-process broker (amqtt) instead of connecting to `url`'s broker.
+    embedded: bool = False
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: bool = False
+    keepalive_s: int = Field(default=5, ge=1)
+
+
+class PlacementSettings(BaseModel):
+    solver: Literal["highs", "pulp-cbc", "pulp-glpk", "pulp-highs", "pulp-gurobi",
+                    "pulp-cplex"] = "highs"
+    epoch_s: float = Field(default=2.0, gt=0)
+    batch_max: int = Field(default=500, ge=1)
+    k_candidates: int = Field(default=8, ge=1)
+    mip_gap: float = Field(default=0.01, ge=0, le=1)
+    time_limit_s: float = Field(default=5.0, gt=0)
+    latency_weight_usd_per_ms: float = Field(default=0.001, ge=0)
+    headroom: float = Field(default=0.9, gt=0, le=1)
+    unplaced_penalty_usd: float = Field(default=1000.0, gt=0)
+    lp_file_dir: str | None = None  # write each model as an LP file (debugging)
+
+
+class PolicySettings(BaseModel):
+    # Empty: the checkpoint shipped in the package; "none": fixed weights.
+    checkpoint: str = ""
+    enabled: bool = True
+
+
+class EdgeSettings(BaseModel):
+    heartbeat_ms: int = Field(default=100, ge=10)
+    suspect_after_ms: int = Field(default=300, ge=10)
+    down_after_ms: int = Field(default=600, ge=10)
+    rtt_target_ms: float = Field(default=50.0, gt=0)
+    rebalance_hysteresis: float = Field(default=0.2, ge=0)
+
+
+class SyncSettings(BaseModel):
+    interval_s: float = Field(default=300.0, gt=0)
+    stale_after_failures: int = Field(default=3, ge=1)
+    accounts_file: str | None = None  # TOML with provider accounts (see docs/providers.md)
+
+
+class TelemetrySettings(BaseModel):
+    prometheus_url: str | None = None
+    interval_s: float = Field(default=30.0, gt=0)
+    queries: dict[str, str] = Field(default_factory=dict)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SKYFED_",
+        env_nested_delimiter="__",
+        extra="forbid",
+    )
+
+    data_dir: Path = Path(".skyfed")
+    log_level: str = "INFO"
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    edge: EdgeSettings = Field(default_factory=EdgeSettings)
+    sync: SyncSettings = Field(default_factory=SyncSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    @property
+    def store_url(self) -> str:
+        """The SQLAlchemy async URL; the SQLite default lives under `data_dir`."""
+        if self.store.url:
+            return self.store.url
+        return f"sqlite+aiosqlite:///{(self.data_dir / 'skyfed.db').resolve()}"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = os.environ.get("SKYFED_CONFIG", str(DEFAULT_CONFIG))
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
+        )
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Load settings once. `config_file` wins over `$SKYFED_CONFIG`.
+
+    Raises `FileNotFoundError` for an explicitly named file that does not
+    exist (a missing default file is fine: defaults apply).
+    """
+    if config_file is not None:
+        if not config_file.exists():
+            raise FileNotFoundError(f"config file not found: {config_file}")
+        os.environ["SKYFED_CONFIG"] = str(config_file)
+    for key, value in _legacy_env().items():
+        overrides.setdefault(key, value)
+    return Settings(**overrides)
+
+
+def _legacy_env() -> dict[str, Any]:
+    """`SKYFED_STORE_URL`-style names (DESIGN.md) for the most used keys."""
+    mapping = {"SKYFED_STORE_URL": ("store", "url"), "SKYFED_MQTT_URL": ("mqtt", "url")}
+    out: dict[str, Any] = {}
+    for env, (section, key) in mapping.items():
+        if env in os.environ:
+            out.setdefault(section, {})[key] = os.environ[env]
+    return out

@@ -1,0 +1,229 @@
+"""What the broker consumes from the outside world: protocols and the values they return.
+
+Everything here is a plain value or a `typing.Protocol`; no SDK is imported. The
+adapters (`aws.py`, `gcp.py`, `azure.py`, `kubernetes.py`, `edge.py`,
+`simulated.py`) implement these protocols and map their SDK's errors into the
+tree in `providers/errors.py` exactly once.
+
+Units are in the names: `_usd_per_hour`, `_gib`, `_ms`, `_gbps`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class Interconnect(enum.StrEnum):
+    """How the GPUs inside one node talk to each other, weakest first."""
+
+    NONE = "none"  # no GPUs, or "don't care" when used as a requirement
+    PCIE = "pcie"
+    NVLINK_PAIRS = "nvlink-pairs"  # NVLink bridges between pairs / hybrid cube-mesh (p3.16xlarge)
+    NVLINK_FULL = "nvlink-full"  # NVSwitch full mesh (p4d, p5, DGX A100/H100)
+
+    @property
+    def rank(self) -> int:
+        return _INTERCONNECT_RANK[self]
+
+    def satisfies(self, required: Interconnect) -> bool:
+        """True when this interconnect is at least as good as `required`."""
+        return self.rank >= required.rank
+
+
+_INTERCONNECT_RANK = {
+    Interconnect.NONE: 0,
+    Interconnect.PCIE: 1,
+    Interconnect.NVLINK_PAIRS: 2,
+    Interconnect.NVLINK_FULL: 3,
+}
+
+
+class PricingModel(enum.StrEnum):
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+    EDGE = "edge"  # fixed hardware at an edge/on-prem site, amortised price
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    provider: str  # aws | gcp | azure | onprem | edge
+    name: str  # provider's region id, e.g. us-east-1, europe-west4, eastus
+    lat: float | None = None
+    lon: float | None = None
+    display_name: str = ""
+
+    @property
+    def key(self) -> str:
+        """`provider:region`, the id used by the RTT and egress matrices."""
+        return f"{self.provider}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One instance type in one region at its current prices."""
+
+    provider: str
+    region: str
+    instance_type: str
+    vcpu: float
+    memory_gib: float
+    gpu_count: int = 0
+    gpu_model: str | None = None
+    interconnect: Interconnect = Interconnect.NONE
+    price_usd_per_hour: float | None = None
+    spot_price_usd_per_hour: float | None = None
+    source: str = "catalog"  # catalog | live | estimated
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}:{self.region}:{self.instance_type}"
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A provider limit for one account and region (e.g. vCPUs, GPUs, instances)."""
+
+    provider: str
+    region: str
+    metric: str  # vcpu | gpu | instances | <provider metric name>
+    limit: float
+    used: float = 0.0
+
+    @property
+    def available(self) -> float:
+        return max(0.0, self.limit - self.used)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLink:
+    a: int
+    b: int
+    gbps: float  # unidirectional bandwidth of the link
+    kind: str = "nvlink"  # nvlink | pcie | smp
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTopology:
+    """GPUs, NUMA nodes and NICs inside one node; see broker/placement/topology.py."""
+
+    gpu_count: int = 0
+    gpu_model: str | None = None
+    interconnect: Interconnect = Interconnect.NONE
+    links: tuple[GpuLink, ...] = ()
+    gpu_numa: tuple[int, ...] = ()  # NUMA node of each GPU
+    nic_numa: tuple[int, ...] = ()  # NUMA node of each RDMA NIC
+    topology_manager_policy: str = "none"  # none | best-effort | restricted | single-numa-node
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """One Kubernetes node as the driver sees it."""
+
+    name: str
+    pool: str
+    allocatable_cpu: float
+    allocatable_memory_gib: float
+    allocatable_gpu: int = 0
+    used_cpu: float = 0.0
+    used_memory_gib: float = 0.0
+    used_gpu: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[str, ...] = ()
+    topology: NodeTopology = field(default_factory=NodeTopology)
+    ready: bool = True
+
+
+class WorkloadPhase(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class DriverStatus:
+    """What a ClusterDriver reports about one applied workload."""
+
+    workload_id: str
+    phase: WorkloadPhase
+    ready_replicas: int = 0
+    desired_replicas: int = 0
+    message: str = ""
+
+
+class Capability(enum.StrEnum):
+    LIST_REGIONS = "list_regions"
+    LIST_OFFERS = "list_offers"
+    LIVE_PRICES = "live_prices"
+    SPOT_PRICES = "spot_prices"
+    QUOTAS = "quotas"
+    SCALE_POOL = "scale_pool"
+    WATCH = "watch"
+    METRICS = "metrics"
+    GPU_TOPOLOGY = "gpu_topology"
+
+
+@dataclass(frozen=True, slots=True)
+class ApplySpec:
+    """What a driver needs to run one placed workload on its cluster.
+
+    `workload_id` is the idempotency key: applying the same id twice is the
+    same as applying it once; a changed spec under the same id is a patch.
+    """
+
+    workload_id: str
+    tenant: str
+    name: str
+    kind: str  # service | batch | train
+    image: str
+    replicas: int
+    cpu: float
+    memory_gib: float
+    gpu: int = 0
+    pool: str = ""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, str]] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    command: Sequence[str] = ()
+
+
+@runtime_checkable
+class CloudProvider(Protocol):
+    """A cloud account: what it offers, at what price, within which quota."""
+
+    name: str
+    capabilities: frozenset[Capability]
+
+    async def list_regions(self) -> list[Region]: ...
+
+    async def list_offers(self, *, region: str) -> list[Offer]: ...
+
+    async def get_quotas(self, *, region: str) -> list[Quota]: ...
+
+    async def scale_pool(
+        self, *, region: str, pool: str, instance_type: str, nodes: int,
+        labels: Mapping[str, str],
+    ) -> int: ...
+
+
+@runtime_checkable
+class ClusterDriver(Protocol):
+    """A member cluster or edge site that runs workloads."""
+
+    name: str
+    capabilities: frozenset[Capability]
+
+    async def apply(self, *, spec: ApplySpec) -> None: ...
+
+    async def delete(self, *, workload_id: str) -> None: ...
+
+    async def status(self, *, workload_id: str) -> DriverStatus: ...
+
+    async def list_status(self) -> list[DriverStatus]: ...
+
+    async def inventory(self) -> list[NodeInventory]: ...
