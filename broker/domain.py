@@ -56,7 +56,7 @@ class Resources:
                          self.gpu - other.gpu)
 
     def scale(self, k: float) -> Resources:
-        return Resources(self.cpu * k, self.memory_gib * k, int(round(self.gpu * k)))
+        return Resources(self.cpu * k, self.memory_gib * k, round(self.gpu * k))
 
     def fits_in(self, other: Resources) -> bool:
         return (self.cpu <= other.cpu + 1e-9 and self.memory_gib <= other.memory_gib + 1e-9
