@@ -1,0 +1,202 @@
+"""Cluster telemetry: the data-aware inputs placement reads (usage, QPS, p99, errors, SLA).
+
+Two sources, both optional:
+
+- **Kubernetes Metrics API** (``metrics.k8s.io``, i.e. metrics-server): node CPU/memory in use,
+  per member cluster whose driver declares ``Capability.METRICS`` (providers/kubernetes.py's
+  ``node_usage``; the SDK stays inside providers/).
+- **Prometheus HTTP API** (``/api/v1/query``, via httpx): one PromQL expression per metric from
+  ``settings.telemetry.queries`` (e.g. ``qps = sum by (cluster) (rate(http_requests_total[1m]))``).
+  Each result series is attributed to the cluster named by its ``cluster`` label (or ``"*"``
+  when the query aggregates everything).
+
+The loop keeps the latest values in memory (``latest``, also ``services.extras["telemetry"]``)
+and writes them under ``attrs["telemetry"]`` of each cluster in the store, with the time they
+were read, so placement can use them and see their age. A failing source is logged and the
+others are still read; values are never invented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from broker.clock import Clock
+from broker.errors import BrokerError
+from providers.base import Capability, ClusterDriver
+
+if TYPE_CHECKING:
+    from broker.app import Services
+    from broker.store import Store
+
+log = logging.getLogger(__name__)
+
+CLUSTER_LABEL = "cluster"
+ALL = "*"
+
+# Sensible defaults for services instrumented with the usual HTTP server metrics.
+DEFAULT_QUERIES: dict[str, str] = {
+    "qps": 'sum by (cluster) (rate(http_requests_total[1m]))',
+    "p99_latency_ms": "1000 * histogram_quantile(0.99, sum by (cluster, le) "
+                      "(rate(http_request_duration_seconds_bucket[5m])))",
+    "error_rate": 'sum by (cluster) (rate(http_requests_total{code=~"5.."}[1m])) / '
+                  "sum by (cluster) (rate(http_requests_total[1m]))",
+}
+
+
+class TelemetryError(BrokerError):
+    """A telemetry source answered badly (bad PromQL, unreachable, malformed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    metric: str
+    labels: Mapping[str, str]
+    value: float
+
+
+class PrometheusReader:
+    """Instant queries against Prometheus' HTTP API."""
+
+    def __init__(self, base_url: str, queries: Mapping[str, str], *,
+                 client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+        self._base = base_url.rstrip("/")
+        self.queries = dict(queries)
+        self._client = client
+        self._timeout_s = timeout_s
+
+    async def query(self, metric: str, promql: str) -> list[Sample]:
+        """One metric's samples; TelemetryError names the metric and Prometheus' reason."""
+        client = self._client or httpx.AsyncClient(timeout=self._timeout_s)
+        try:
+            resp = await client.get(f"{self._base}/api/v1/query", params={"query": promql},
+                                    timeout=self._timeout_s)
+            body = resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise TelemetryError(f"prometheus query for {metric!r} failed: {exc}") from exc
+        finally:
+            if self._client is None:
+                await client.aclose()
+        if body.get("status") != "success":
+            raise TelemetryError(f"prometheus rejected the query for {metric!r}: "
+                                 f"{body.get('errorType', '')} {body.get('error', '')}".strip())
+        data = body.get("data") or {}
+        out = []
+        if data.get("resultType") == "scalar":
+            out.append(Sample(metric, {}, float(data["result"][1])))
+        vector = data.get("result") or [] if data.get("resultType") == "vector" else []
+        for series in vector:
+            value = float(series["value"][1])
+            if math.isfinite(value):
+                out.append(Sample(metric, dict(series.get("metric") or {}), value))
+        return out
+
+    async def read_all(self) -> dict[str, dict[str, float]]:
+        """metric -> cluster -> value, for every configured query (failed ones omitted)."""
+        out: dict[str, dict[str, float]] = {}
+        for metric, promql in self.queries.items():
+            try:
+                samples = await self.query(metric, promql)
+            except TelemetryError as exc:
+                log.warning("%s", exc)
+                continue
+            per: dict[str, float] = {}
+            for s in samples:
+                key = s.labels.get(CLUSTER_LABEL, ALL)
+                per[key] = per.get(key, 0.0) + s.value
+            out[metric] = per
+        return out
+
+
+@dataclass(slots=True)
+class ClusterTelemetry:
+    read_s: float
+    node_cpu_used: float | None = None
+    node_memory_used_gib: float | None = None
+    app: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"read_s": self.read_s, "node_cpu_used": self.node_cpu_used,
+                "node_memory_used_gib": self.node_memory_used_gib, "app": dict(self.app)}
+
+
+class TelemetryLoop:
+    name = "telemetry"
+
+    def __init__(self, store: Store, clock: Clock, *, drivers: Mapping[str, ClusterDriver],
+                 prometheus: PrometheusReader | None, interval_s: float = 30.0,
+                 sink: dict[str, Any] | None = None) -> None:
+        self._store = store
+        self._clock = clock
+        self._drivers = drivers
+        self._prom = prometheus
+        self._interval_s = interval_s
+        self.latest: dict[str, ClusterTelemetry] = {}
+        self._sink = sink
+
+    async def read_once(self) -> dict[str, ClusterTelemetry]:
+        now = self._clock.now()
+        result: dict[str, ClusterTelemetry] = {}
+        for name, drv in self._drivers.items():
+            node_usage = getattr(drv, "node_usage", None)
+            if Capability.METRICS not in drv.capabilities or node_usage is None:
+                continue
+            try:
+                usage: dict[str, tuple[float, float]] = await node_usage()
+            except Exception as exc:  # noqa: BLE001  one cluster's metrics must not stop others
+                log.warning("metrics.k8s.io on %s failed: %s", name, exc)
+                continue
+            result[name] = ClusterTelemetry(
+                read_s=now, node_cpu_used=round(sum(u[0] for u in usage.values()), 3),
+                node_memory_used_gib=round(sum(u[1] for u in usage.values()), 3))
+        if self._prom is not None:
+            for metric, per in (await self._prom.read_all()).items():
+                for cluster, value in per.items():
+                    result.setdefault(cluster, ClusterTelemetry(read_s=now)).app[metric] = value
+        self.latest = result
+        if self._sink is not None:
+            self._sink["telemetry"] = result
+        await self._persist(result)
+        return result
+
+    async def _persist(self, result: Mapping[str, ClusterTelemetry]) -> None:
+        try:
+            async with self._store.unit() as uow:
+                for rec in await uow.clusters.list_records():
+                    t = result.get(rec.cluster.name)
+                    if t is not None:
+                        await uow.clusters.set_attrs(rec.cluster.name,
+                                                     {"telemetry": t.as_json()})
+        except BrokerError as exc:
+            log.warning("storing telemetry failed: %s", exc)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.read_once()
+            waiter = asyncio.ensure_future(stop.wait())
+            sleeper = asyncio.ensure_future(self._clock.sleep(self._interval_s))
+            try:
+                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (waiter, sleeper):
+                    t.cancel()
+                await asyncio.gather(waiter, sleeper, return_exceptions=True)
+
+
+def make_telemetry(services: Services) -> TelemetryLoop | None:
+    """LOOP_FACTORIES entry: on when Prometheus is configured or a driver serves metrics."""
+    t = services.settings.telemetry
+    prom = (PrometheusReader(t.prometheus_url, t.queries or DEFAULT_QUERIES)
+            if t.prometheus_url else None)
+    metric_drivers = {n: d for n, d in services.drivers.items()
+                      if Capability.METRICS in d.capabilities}
+    if prom is None and not metric_drivers:
+        return None
+    return TelemetryLoop(services.store, services.clock, drivers=services.drivers,
+                         prometheus=prom, interval_s=t.interval_s, sink=services.extras)

@@ -1,0 +1,214 @@
+"""AWS EC2 as a CloudProvider, on libcloud's EC2 driver (one driver per region, lazily).
+
+- Regions: libcloud's EC2 region table, with coordinates from the catalog.
+- Offers: libcloud's size table for the region (its bundled on-demand Linux prices) merged onto
+  the catalog; AWS spot prices stay null (no offline source; see providers/catalog.py).
+- Quotas: ``DescribeAccountAttributes`` (``max-instances``) with the running instance count as
+  usage, and the vCPUs of running instances (used) against ``AwsOptions.vcpu_limit`` when set
+  (Service Quotas' "Running On-Demand Standard instances" is a separate API libcloud lacks).
+- scale_pool: instances tagged ``skyfed.io/pool=<pool>`` (plus the cluster's labels) are created
+  or terminated until the pool has the requested count.
+
+EC2-compatible endpoints (moto, LocalStack) are reached with ``endpoint_host``/``endpoint_port``;
+they answer with the API namespace without libcloud's trailing ``/``, which ``_CompatResponse``
+normalises (otherwise every list would be silently empty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from providers.base import Capability, Offer, Quota, Region
+from providers.catalog import Catalog
+from providers.cloud import SKYFED_POOL_LABEL, LibcloudBase
+from providers.errors import ConfigError, NotFoundError
+
+
+@dataclass(frozen=True, slots=True)
+class AwsOptions:
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    regions: tuple[str, ...] = ("us-east-1",)
+    image_id: str = ""  # AMI used by scale_pool
+    vcpu_limit: float | None = None  # account's on-demand vCPU quota, when known
+    endpoint_host: str | None = None  # EC2-compatible endpoint (moto, LocalStack)
+    endpoint_port: int | None = None
+    secure: bool = True
+    max_concurrency: int = 4
+    timeout_s: float = 30.0
+
+
+def _compat_driver_cls() -> Any:
+    """EC2 driver whose XML responses accept namespaces without the trailing slash."""
+    from libcloud.compute.drivers.ec2 import (
+        API_VERSION,
+        EC2Connection,
+        EC2NodeDriver,
+        EC2Response,
+    )
+
+    bare = f'"http://ec2.amazonaws.com/doc/{API_VERSION}"'
+    fixed = f'"http://ec2.amazonaws.com/doc/{API_VERSION}/"'
+
+    class _CompatResponse(EC2Response):  # type: ignore[misc]
+        def parse_body(self) -> Any:
+            if isinstance(self.body, str) and bare in self.body:
+                self.body = self.body.replace(bare, fixed)
+            return super().parse_body()  # type: ignore[no-untyped-call]
+
+    class _CompatConnection(EC2Connection):  # type: ignore[misc]
+        responseCls = _CompatResponse
+
+    class _CompatDriver(EC2NodeDriver):  # type: ignore[misc]
+        connectionCls = _CompatConnection
+
+    return _CompatDriver
+
+
+def _account_limits(drv: Any) -> dict[str, float]:
+    """Numeric DescribeAccountAttributes values (libcloud's ex_get_limits int()s every value,
+    which fails on the non-numeric `supported-platforms` attribute)."""
+    resp = drv.connection.request(drv.path, params={
+        "Action": "DescribeAccountAttributes", "AttributeName.1": "max-instances",
+        "AttributeName.2": "max-elastic-ips", "AttributeName.3": "vpc-max-elastic-ips",
+    })
+    out: dict[str, float] = {}
+    for item in resp.object.iter():
+        if not str(item.tag).endswith("item"):
+            continue
+        name = value = None
+        for child in item:
+            tag = str(child.tag).rsplit("}", 1)[-1]
+            if tag == "attributeName":
+                name = child.text
+            elif tag == "attributeValueSet":
+                for v in child.iter():
+                    if str(v.tag).endswith("attributeValue"):
+                        value = v.text
+        if name and value is not None:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+class AwsProvider(LibcloudBase):
+    name = "aws"
+    capabilities = frozenset({Capability.LIST_REGIONS, Capability.LIST_OFFERS,
+                              Capability.LIVE_PRICES, Capability.QUOTAS, Capability.SCALE_POOL})
+
+    def __init__(self, options: AwsOptions, *, catalog: Catalog | None = None) -> None:
+        super().__init__(max_concurrency=options.max_concurrency, timeout_s=options.timeout_s,
+                         catalog=catalog)
+        self._opts = options
+        self._drivers: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"AwsProvider(regions={self._opts.regions!r})"
+
+    def _driver(self, region: str) -> Any:
+        if region not in self._drivers:
+            from libcloud.compute.drivers.ec2 import EC2NodeDriver
+
+            ec2: Any = EC2NodeDriver
+            if region not in ec2.list_regions():
+                raise NotFoundError(f"unknown EC2 region {region!r}", provider="aws",
+                                    region=region)
+            o = self._opts
+            cls = _compat_driver_cls() if o.endpoint_host else EC2NodeDriver
+            kw: dict[str, Any] = {"region": region, "secure": o.secure,
+                                  "signature_version": "4", "token": o.session_token}
+            if o.endpoint_host:
+                kw.update(host=o.endpoint_host, port=o.endpoint_port)
+            self._drivers[region] = cls(o.access_key_id, o.secret_access_key, **kw)
+        return self._drivers[region]
+
+    async def list_regions(self) -> list[Region]:
+        from libcloud.compute.drivers.ec2 import EC2NodeDriver
+
+        ec2: Any = EC2NodeDriver
+        names = await self._call(ec2.list_regions)
+        out = []
+        for n in sorted(names):
+            try:
+                out.append(self.catalog.region("aws", n))
+            except NotFoundError:
+                out.append(Region(provider="aws", name=n))
+        return out
+
+    async def list_offers(self, *, region: str) -> list[Offer]:
+        drv = self._driver(region)
+        sizes = await self._call(drv.list_sizes, region=region)
+        live = []
+        for s in sizes:
+            extra = s.extra or {}
+            vcpu = float(extra.get("vcpu") or extra.get("cpu") or 0)
+            if not vcpu:
+                continue
+            live.append(Offer(
+                provider="aws", region=region, instance_type=s.id, vcpu=vcpu,
+                memory_gib=round(float(s.ram) / 1024.0, 3),
+                price_usd_per_hour=float(s.price) if s.price else None, source="live",
+            ))
+        return self._merge_offers(region, live)
+
+    async def _pool_nodes(self, region: str, pool: str) -> list[Any]:
+        drv = self._driver(region)
+        filters = {"instance-state-name": ["pending", "running"], f"tag:{SKYFED_POOL_LABEL}": pool}
+        nodes: list[Any] = await self._call(drv.list_nodes, ex_filters=filters, region=region)
+        return nodes
+
+    async def get_quotas(self, *, region: str) -> list[Quota]:
+        drv = self._driver(region)
+        limits = await self._call(_account_limits, drv, region=region)
+        nodes = await self._call(
+            drv.list_nodes, ex_filters={"instance-state-name": ["pending", "running"]},
+            region=region,
+        )
+        out = [Quota(provider="aws", region=region, metric="instances",
+                     limit=float(limits.get("max-instances", 0)), used=float(len(nodes)))]
+        if self._opts.vcpu_limit is not None:
+            used = 0.0
+            for n in nodes:
+                itype = (n.extra or {}).get("instance_type", "")
+                try:
+                    used += self.catalog.offer("aws", region, itype).vcpu
+                except NotFoundError:
+                    continue
+            out.append(Quota(provider="aws", region=region, metric="vcpu",
+                             limit=self._opts.vcpu_limit, used=used))
+        return out
+
+    async def scale_pool(
+        self, *, region: str, pool: str, instance_type: str, nodes: int,
+        labels: Mapping[str, str],
+    ) -> int:
+        """Create or terminate tagged instances until `pool` has `nodes`; returns the count."""
+        if nodes < 0:
+            raise ValueError(f"nodes must be >= 0, got {nodes}")
+        drv = self._driver(region)
+        sizes = {s.id: s for s in await self._call(drv.list_sizes, region=region)}
+        if instance_type not in sizes:
+            raise NotFoundError(f"unknown instance type {instance_type!r}", provider="aws",
+                                region=region)
+        current = await self._pool_nodes(region, pool)
+        if len(current) < nodes:
+            if not self._opts.image_id:
+                raise ConfigError("AwsOptions.image_id is required to scale a pool up",
+                                  provider="aws", region=region)
+            from libcloud.compute.base import NodeImage
+
+            image = NodeImage(id=self._opts.image_id, name=self._opts.image_id, driver=drv)
+            tags = {**labels, SKYFED_POOL_LABEL: pool}
+            for i in range(len(current), nodes):
+                await self._call(drv.create_node, name=f"skyfed-{pool}-{i}",
+                                 size=sizes[instance_type], image=image, ex_metadata=tags,
+                                 region=region)
+        else:
+            for node in sorted(current, key=lambda n: n.name or "")[nodes:]:
+                await self._call(drv.destroy_node, node, region=region)
+        return len(await self._pool_nodes(region, pool))

@@ -1,0 +1,517 @@
+"""A member Kubernetes cluster as a ClusterDriver, on the official ``kubernetes`` client.
+
+Any conformant cluster works (EKS/GKE/AKS, EKS Anywhere, k3s at the edge): the driver only
+uses core/v1 Nodes, apps/v1 Deployments, batch/v1 Jobs and, for telemetry, metrics.k8s.io.
+
+Contract:
+
+- ``apply``: a ``service`` becomes a Deployment, ``batch``/``train`` a Job, named
+  ``skyfed-<workload id>`` in ``KubernetesOptions.namespace``, with requests = limits for cpu,
+  memory and ``nvidia.com/gpu``, a node selector for the pool (``skyfed.io/pool``), tolerations,
+  and ``skyfed.io/*`` labels. Idempotent: the rendered spec's hash is stored in the
+  ``skyfed.io/spec-hash`` annotation; create -> 409 -> read -> same hash: nothing to do;
+  different hash: merge-patch (Deployment) or delete + create (a Job's pod template is
+  immutable).
+- ``delete``: 404 is success. ``status``/``list_status``: from the objects' status.
+- ``watch``: list, then watch from the list's resourceVersion; 410 Gone -> list again; read
+  timeouts just re-watch, so a quiet cluster costs one request per ``watch_timeout_s``.
+- ``inventory``: nodes' allocatable cpu/memory/GPUs, GPU labels (NVIDIA GPU feature discovery:
+  ``nvidia.com/gpu.product``, ``nvidia.com/gpu.count``), taints, readiness, and usage summed
+  from the requests of running pods.
+
+The client is synchronous: every call runs in ``asyncio.to_thread`` under a per-cluster
+semaphore, with a request timeout, and ``ApiException``/urllib3 errors are mapped once
+(``_map_error``) into providers/errors.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from providers.base import (
+    ApplySpec,
+    Capability,
+    DriverStatus,
+    Interconnect,
+    NodeInventory,
+    NodeTopology,
+    WorkloadPhase,
+)
+from providers.errors import (
+    AuthError,
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    ProviderError,
+    ThrottledError,
+    TransientError,
+)
+
+T = TypeVar("T")
+
+POOL_LABEL = "skyfed.io/pool"
+ID_LABEL = "skyfed.io/workload-id"
+MANAGED_LABEL = "app.kubernetes.io/managed-by"
+HASH_ANNOTATION = "skyfed.io/spec-hash"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesOptions:
+    kubeconfig: str | None = None  # path; None: in-cluster config when inside a pod, else default
+    context: str | None = None
+    in_cluster: bool = False
+    namespace: str = "skyfed"
+    max_concurrency: int = 4
+    timeout_s: float = 30.0
+    watch_timeout_s: float = 2.0  # read timeout of one watch request before re-watching
+    job_backoff_limit: int = 3
+
+
+def _status_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "status", None)
+    return code if isinstance(code, int) else None
+
+
+def _map_error(exc: BaseException, *, cluster: str) -> ProviderError:
+    """ApiException / urllib3 / config errors -> the providers error tree."""
+    if isinstance(exc, ProviderError):
+        return exc
+    code = _status_code(exc)
+    reason = getattr(exc, "reason", "") or ""
+    text = f"{type(exc).__name__}: {code or ''} {reason}".strip()
+    kw: dict[str, Any] = {"provider": "kubernetes", "region": cluster}
+    if code in (401, 403):
+        return AuthError(f"credentials rejected: {text}", **kw)
+    if code == 404:
+        return NotFoundError(text, **kw)
+    if code == 409:
+        return ConflictError(text, **kw)
+    if code == 410:
+        return TransientError(f"resource version gone: {text}", **kw)
+    if code == 429:
+        return ThrottledError(text, **kw)
+    if code is not None and code >= 500:
+        return TransientError(text, **kw)
+    if code is None and ("urllib3" in type(exc).__module__ or isinstance(exc, OSError)):
+        return TransientError(f"cluster unreachable: {type(exc).__name__}: {exc}", **kw)
+    return ProviderError(text, **kw)
+
+
+def _dns_name(workload_id: str) -> str:
+    name = re.sub(r"[^a-z0-9-]", "-", f"skyfed-{workload_id}".lower()).strip("-")
+    if len(name) > 63:  # keep it unique when truncated
+        digest = hashlib.sha256(workload_id.encode()).hexdigest()[:8]
+        name = f"{name[:54].rstrip('-')}-{digest}"
+    return name
+
+
+def _label_value(v: str) -> str:
+    v = re.sub(r"[^A-Za-z0-9_.-]", "-", v)[:63]
+    return v.strip("-_.")
+
+
+def _quantity(q: str | int | float | None) -> float:
+    """Kubernetes quantity -> float (cpu in cores, memory in bytes)."""
+    if q is None:
+        return 0.0
+    s = str(q).strip()
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+             "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if s.endswith(suffix):
+            return float(s[: -len(suffix)]) * mult
+    return float(s)
+
+
+def render(spec: ApplySpec, *, namespace: str, backoff_limit: int = 3) -> dict[str, Any]:
+    """The Deployment or Job body for `spec` (plain dict, annotated with its own hash)."""
+    name = _dns_name(spec.workload_id)
+    labels = {
+        **{k: _label_value(v) for k, v in spec.labels.items()},
+        ID_LABEL: _label_value(spec.workload_id),
+        "skyfed.io/tenant": _label_value(spec.tenant),
+        "skyfed.io/kind": spec.kind,
+        MANAGED_LABEL: "skyfed",
+    }
+    res: dict[str, str] = {"cpu": f"{round(spec.cpu * 1000)}m",
+                           "memory": f"{round(spec.memory_gib * 1024)}Mi"}
+    if spec.gpu:
+        res[GPU_RESOURCE] = str(spec.gpu)
+    selector = dict(spec.node_selector)
+    if spec.pool:
+        selector[POOL_LABEL] = spec.pool
+    tolerations = [dict(t) for t in spec.tolerations]
+    if spec.gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    container: dict[str, Any] = {
+        "name": "main", "image": spec.image,
+        "resources": {"requests": res, "limits": dict(res)},
+        "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
+    }
+    if spec.command:
+        container["command"] = list(spec.command)
+    pod_spec: dict[str, Any] = {"containers": [container], "nodeSelector": selector,
+                                "tolerations": tolerations}
+    template = {"metadata": {"labels": labels}, "spec": pod_spec}
+    if spec.kind == "service":
+        body: dict[str, Any] = {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "spec": {"replicas": spec.replicas, "selector": {"matchLabels": {ID_LABEL:
+                                                                             labels[ID_LABEL]}},
+                     "template": template},
+        }
+    else:
+        pod_spec["restartPolicy"] = "Never"
+        body = {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "spec": {"parallelism": spec.replicas, "completions": spec.replicas,
+                     "backoffLimit": backoff_limit, "template": template},
+        }
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    body["metadata"] = {"name": name, "namespace": namespace, "labels": labels,
+                        "annotations": {HASH_ANNOTATION: digest}}
+    return body
+
+
+def _deployment_status(wid: str, obj: Mapping[str, Any]) -> DriverStatus:
+    desired = int((obj.get("spec") or {}).get("replicas") or 0)
+    st = obj.get("status") or {}
+    ready = int(st.get("readyReplicas") or 0)
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    failure = conds.get("ReplicaFailure")
+    if failure and failure.get("status") == "True":
+        return DriverStatus(workload_id=wid, phase=WorkloadPhase.FAILED, ready_replicas=ready,
+                            desired_replicas=desired, message=str(failure.get("message", "")))
+    phase = WorkloadPhase.RUNNING if desired and ready >= desired else WorkloadPhase.PENDING
+    return DriverStatus(workload_id=wid, phase=phase, ready_replicas=ready,
+                        desired_replicas=desired)
+
+
+def _job_status(wid: str, obj: Mapping[str, Any]) -> DriverStatus:
+    spec = obj.get("spec") or {}
+    desired = int(spec.get("completions") or spec.get("parallelism") or 1)
+    st = obj.get("status") or {}
+    conds = {c.get("type"): c for c in st.get("conditions") or [] if c.get("status") == "True"}
+    active, succeeded = int(st.get("active") or 0), int(st.get("succeeded") or 0)
+    if "Failed" in conds:
+        phase, msg = WorkloadPhase.FAILED, str(conds["Failed"].get("message", ""))
+    elif "Complete" in conds or succeeded >= desired:
+        phase, msg = WorkloadPhase.SUCCEEDED, ""
+    elif active:
+        phase, msg = WorkloadPhase.RUNNING, ""
+    else:
+        phase, msg = WorkloadPhase.PENDING, ""
+    return DriverStatus(workload_id=wid, phase=phase, ready_replicas=active,
+                        desired_replicas=desired, message=msg)
+
+
+def _status_of(obj: Mapping[str, Any]) -> DriverStatus | None:
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(MANAGED_LABEL) != "skyfed" or ID_LABEL not in labels:
+        return None
+    wid = str(labels[ID_LABEL])
+    if obj.get("kind") == "Job" or "completions" in (obj.get("spec") or {}):
+        return _job_status(wid, obj)
+    return _deployment_status(wid, obj)
+
+
+def load_api_client(options: KubernetesOptions) -> Any:
+    """An ApiClient from the kubeconfig (or in-cluster); malformed config -> ConfigError."""
+    from kubernetes import client, config
+
+    where = options.kubeconfig or "in-cluster config"
+    try:
+        if options.in_cluster or (options.kubeconfig is None
+                                  and "KUBERNETES_SERVICE_HOST" in os.environ):
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)
+            return client.ApiClient(configuration=cfg)
+        return config.new_client_from_config(config_file=options.kubeconfig,
+                                             context=options.context)
+    except Exception as exc:  # yaml errors, ConfigException, missing files: all config errors
+        raise ConfigError(
+            f"cannot load kubeconfig {where!r}: {type(exc).__name__}: {exc}",
+            provider="kubernetes",
+        ) from exc
+
+
+class KubernetesDriver:
+    """ClusterDriver for one member cluster (see module docstring)."""
+
+    capabilities = frozenset({Capability.WATCH, Capability.GPU_TOPOLOGY, Capability.METRICS})
+
+    def __init__(self, name: str, options: KubernetesOptions | None = None, *,
+                 api_client: Any | None = None) -> None:
+        self.name = name
+        self.options = options or KubernetesOptions()
+        self._api = api_client if api_client is not None else load_api_client(self.options)
+        self._sem = asyncio.Semaphore(self.options.max_concurrency)
+
+    def __repr__(self) -> str:
+        return f"KubernetesDriver(name={self.name!r}, namespace={self.options.namespace!r})"
+
+    # ---- plumbing ----------------------------------------------------------------------
+    @property
+    def _apps(self) -> Any:
+        from kubernetes import client
+
+        return client.AppsV1Api(self._api)
+
+    @property
+    def _batch(self) -> Any:
+        from kubernetes import client
+
+        return client.BatchV1Api(self._api)
+
+    @property
+    def _core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self._api)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        kw.setdefault("_request_timeout", self.options.timeout_s)
+        async with self._sem:
+            try:
+                return await asyncio.to_thread(fn, *args, **kw)
+            except Exception as exc:  # the SDK boundary: mapped once, here
+                raise _map_error(exc, cluster=self.name) from exc
+
+    def _sanitize(self, obj: Any) -> dict[str, Any]:
+        out: dict[str, Any] = self._api.sanitize_for_serialization(obj)
+        return out
+
+    # ---- apply / delete ----------------------------------------------------------------
+    async def apply(self, *, spec: ApplySpec) -> None:
+        if spec.kind not in ("service", "batch", "train"):
+            raise ProviderError(f"unknown workload kind {spec.kind!r} for {spec.workload_id!r}",
+                                provider="kubernetes", region=self.name)
+        ns = self.options.namespace
+        body = render(spec, namespace=ns, backoff_limit=self.options.job_backoff_limit)
+        name = body["metadata"]["name"]
+        is_job = body["kind"] == "Job"
+        api = self._batch if is_job else self._apps
+        create = api.create_namespaced_job if is_job else api.create_namespaced_deployment
+        read = api.read_namespaced_job if is_job else api.read_namespaced_deployment
+        try:
+            await self._call(create, ns, body)
+            return
+        except ConflictError:
+            pass
+        current = self._sanitize(await self._call(read, name, ns))
+        have = ((current.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
+        if have == body["metadata"]["annotations"][HASH_ANNOTATION]:
+            return  # applying twice is applying once
+        if is_job:  # a Job's template is immutable: replace it
+            await self._delete_one(api.delete_namespaced_job, name, ns)
+            await self._call(create, ns, body)
+        else:
+            await self._call(api.patch_namespaced_deployment, name, ns, body)
+
+    async def _delete_one(self, fn: Callable[..., Any], name: str, ns: str) -> bool:
+        try:
+            await self._call(fn, name, ns, propagation_policy="Background")
+            return True
+        except NotFoundError:
+            return False
+
+    async def delete(self, *, workload_id: str) -> None:
+        """Delete the workload's Deployment or Job; deleting what is gone is success."""
+        name, ns = _dns_name(workload_id), self.options.namespace
+        await self._delete_one(self._apps.delete_namespaced_deployment, name, ns)
+        await self._delete_one(self._batch.delete_namespaced_job, name, ns)
+
+    # ---- status ------------------------------------------------------------------------
+    async def status(self, *, workload_id: str) -> DriverStatus:
+        name, ns = _dns_name(workload_id), self.options.namespace
+        for read, conv in ((self._apps.read_namespaced_deployment, _deployment_status),
+                           (self._batch.read_namespaced_job, _job_status)):
+            try:
+                obj = self._sanitize(await self._call(read, name, ns))
+            except NotFoundError:
+                continue
+            return conv(workload_id, obj)
+        raise NotFoundError(f"workload {workload_id!r} not found in namespace {ns!r}",
+                            provider="kubernetes", region=self.name)
+
+    async def list_status(self) -> list[DriverStatus]:
+        ns, sel = self.options.namespace, f"{MANAGED_LABEL}=skyfed"
+        deps = await self._call(self._apps.list_namespaced_deployment, ns, label_selector=sel)
+        jobs = await self._call(self._batch.list_namespaced_job, ns, label_selector=sel)
+        out = []
+        for kind, lst in (("Deployment", deps), ("Job", jobs)):
+            for item in self._sanitize(lst).get("items") or []:
+                st = _status_of({**item, "kind": kind})  # selector may be ignored: re-check
+                if st is not None:
+                    out.append(st)
+        return sorted(out, key=lambda s: s.workload_id)
+
+    async def watch(self, *, stop: asyncio.Event) -> AsyncIterator[DriverStatus]:
+        """Status changes of skyfed's Deployments, until `stop` is set.
+
+        A thread runs the blocking list+watch loop and hands events to this generator; 410 Gone
+        re-lists (and re-emits everything), read timeouts re-watch from the last version.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[DriverStatus | BaseException] = asyncio.Queue()
+        halt = threading.Event()
+
+        def emit(item: DriverStatus | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        worker = asyncio.create_task(asyncio.to_thread(self._watch_loop, emit, halt),
+                                     name=f"k8s-watch-{self.name}")
+        stopper = asyncio.create_task(stop.wait(), name=f"k8s-watch-stop-{self.name}")
+        try:
+            while not stop.is_set():
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, stopper},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    break
+                item = getter.result()
+                if isinstance(item, BaseException):
+                    raise _map_error(item, cluster=self.name) from item
+                yield item
+        finally:
+            halt.set()
+            stopper.cancel()
+            await asyncio.gather(worker, stopper, return_exceptions=True)
+
+    def _watch_loop(self, emit: Callable[[DriverStatus | BaseException], None],
+                    halt: threading.Event) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import ProtocolError, ReadTimeoutError
+
+        api, ns = self._apps, self.options.namespace
+        version: str | None = None
+        failures = 0
+        while not halt.is_set():
+            try:
+                if version is None:
+                    lst = api.list_namespaced_deployment(
+                        ns, _request_timeout=self.options.timeout_s)
+                    version = lst.metadata.resource_version or ""
+                    for item in self._sanitize(lst).get("items") or []:
+                        st = _status_of({**item, "kind": "Deployment"})
+                        if st is not None:
+                            emit(st)
+                w = watch.Watch()
+                for ev in w.stream(api.list_namespaced_deployment, ns,
+                                   resource_version=version,
+                                   _request_timeout=self.options.watch_timeout_s):
+                    if halt.is_set():
+                        w.stop()
+                        break
+                    obj = self._sanitize(ev["object"])
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    st = _status_of({**obj, "kind": "Deployment"})
+                    if st is not None:
+                        emit(st)
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = None  # too old: list again
+                    continue
+                failures += 1
+                if failures >= 5:
+                    emit(exc)
+                    return
+                halt.wait(min(2.0, 0.1 * 2**failures))
+            except (ReadTimeoutError, ProtocolError, TimeoutError):
+                continue  # quiet stream: watch again from the last version
+            except Exception as exc:  # noqa: BLE001  top of the thread: hand it to the owner
+                emit(exc)
+                return
+
+    # ---- inventory ---------------------------------------------------------------------
+    async def inventory(self) -> list[NodeInventory]:
+        nodes = self._sanitize(await self._call(self._core.list_node)).get("items") or []
+        try:
+            pods = self._sanitize(await self._call(
+                self._core.list_pod_for_all_namespaces,
+                field_selector="status.phase=Running")).get("items") or []
+        except NotFoundError:
+            pods = []
+        used: dict[str, list[float]] = {}
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not node or (pod.get("status") or {}).get("phase", "Running") != "Running":
+                continue
+            acc = used.setdefault(node, [0.0, 0.0, 0.0])
+            for c in (pod.get("spec") or {}).get("containers") or []:
+                req = ((c.get("resources") or {}).get("requests")) or {}
+                acc[0] += _quantity(req.get("cpu"))
+                acc[1] += _quantity(req.get("memory")) / 2**30
+                acc[2] += _quantity(req.get(GPU_RESOURCE))
+        return [self._node(n, used.get((n.get("metadata") or {}).get("name", ""), [0, 0, 0]))
+                for n in nodes]
+
+    def _node(self, n: Mapping[str, Any], used: list[float]) -> NodeInventory:
+        meta, st = n.get("metadata") or {}, n.get("status") or {}
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        alloc = st.get("allocatable") or st.get("capacity") or {}
+        gpus = int(_quantity(alloc.get(GPU_RESOURCE)))
+        conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+        taints = tuple(
+            f"{t.get('key')}={t.get('value', '')}:{t.get('effect', '')}"
+            for t in (n.get("spec") or {}).get("taints") or []
+        )
+        ic = Interconnect(labels.get("skyfed.io/gpu-interconnect",
+                                     "pcie" if gpus else "none"))
+        return NodeInventory(
+            name=str(meta.get("name", "")), pool=labels.get(POOL_LABEL, ""),
+            allocatable_cpu=_quantity(alloc.get("cpu")),
+            allocatable_memory_gib=round(_quantity(alloc.get("memory")) / 2**30, 3),
+            allocatable_gpu=gpus, used_cpu=round(used[0], 3),
+            used_memory_gib=round(used[1], 3), used_gpu=int(used[2]), labels=labels,
+            taints=taints,
+            topology=NodeTopology(gpu_count=gpus, gpu_model=labels.get(GPU_PRODUCT_LABEL),
+                                  interconnect=ic),
+            ready=conds.get("Ready", "True") == "True",
+        )
+
+    # ---- metrics.k8s.io (telemetry) ----------------------------------------------------
+    async def node_usage(self) -> dict[str, tuple[float, float]]:
+        """Node name -> (cpu cores, memory GiB) in use, from metrics.k8s.io (metrics-server)."""
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._api)
+        body = await self._call(api.list_cluster_custom_object, "metrics.k8s.io", "v1beta1",
+                                "nodes")
+        out: dict[str, tuple[float, float]] = {}
+        for item in (body or {}).get("items") or []:
+            usage = item.get("usage") or {}
+            out[str(item["metadata"]["name"])] = (
+                _quantity(usage.get("cpu")), round(_quantity(usage.get("memory")) / 2**30, 3))
+        return out
+
+    async def pod_usage(self) -> dict[str, tuple[float, float]]:
+        """``namespace/pod`` -> (cpu cores, memory GiB), summed over containers."""
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._api)
+        body = await self._call(api.list_namespaced_custom_object, "metrics.k8s.io", "v1beta1",
+                                self.options.namespace, "pods")
+        out: dict[str, tuple[float, float]] = {}
+        for item in (body or {}).get("items") or []:
+            cpu = mem = 0.0
+            for c in item.get("containers") or []:
+                cpu += _quantity((c.get("usage") or {}).get("cpu"))
+                mem += _quantity((c.get("usage") or {}).get("memory")) / 2**30
+            meta = item.get("metadata") or {}
+            out[f"{meta.get('namespace', '')}/{meta.get('name', '')}"] = (cpu, round(mem, 3))
+        return out
