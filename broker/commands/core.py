@@ -1,9 +1,313 @@
-"""Commands: placeholder, to be filled in by its owner."""
+"""Core commands: serve, db, submit, get, describe, cancel, token.
+
+Client commands (submit/get/describe/cancel) talk HTTP to a running broker:
+server from `--server` / `$SKYFED_SERVER` / the config's api host:port; token
+from `--token` / `$SKYFED_TOKEN` / `<data_dir>/token` (written by the first
+`skyfed serve`). Operator commands (`db ...`, `token create`) talk to the
+database named by the config directly, so they work with the broker stopped.
+
+Errors print ONE line on stderr and exit 1.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
 import typer
+
+if TYPE_CHECKING:
+    from broker.api.client import BrokerClient
+    from broker.settings import Settings
+
+T = TypeVar("T")
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
+ServerOpt = Annotated[str | None, typer.Option("--server", envvar="SKYFED_SERVER",
+                                               help="Broker URL (default from config).")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="SKYFED_TOKEN",
+                                              help="API token (default: <data_dir>/token).")]
+OutputOpt = Annotated[str, typer.Option("--output", "-o", help="table | json | yaml")]
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Store URL (default from config).")]
+
+db_app = typer.Typer(no_args_is_help=True, help="Database schema migrations.")
+token_app = typer.Typer(no_args_is_help=True, help="API tokens (talks to the database).")
+
+
+def fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+def _settings(config: Path | None) -> Settings:
+    from pydantic import ValidationError
+
+    from broker.settings import load_settings
+
+    try:
+        return load_settings(config)
+    except (FileNotFoundError, ValidationError) as e:
+        raise fail(f"bad configuration: {str(e).splitlines()[0]}") from e
+
+
+def _run(fn: Callable[[], T]) -> T:
+    """Run `fn`, turning every broker/client error into one line and exit 1."""
+    from broker.api.client import ClientError
+    from broker.errors import BrokerError
+
+    try:
+        return fn()
+    except ClientError as e:
+        raise fail(str(e)) from e
+    except BrokerError as e:
+        raise fail(e.message) from e
+
+
+def _client(config: Path | None, server: str | None, token: str | None) -> BrokerClient:
+    from broker.api.client import BrokerClient
+
+    if server is None or token is None:
+        s = _settings(config)
+        if server is None:
+            host = "127.0.0.1" if s.api.host in ("0.0.0.0", "::", "") else s.api.host
+            server = f"http://{host}:{s.api.port}"
+        if token is None:
+            path = s.data_dir / "token"
+            if path.exists():
+                token = path.read_text().strip()
+    return BrokerClient(server, token)
+
+
+def serve(config: ConfigOpt = None,
+          port: Annotated[int | None, typer.Option(help="Override api.port.")] = None,
+          host: Annotated[str | None, typer.Option(help="Override api.host.")] = None,
+          migrate: Annotated[bool, typer.Option(
+              "--migrate", help="Run `db upgrade` first (else an old schema is refused).")] = False,
+          api_only: Annotated[bool, typer.Option(
+              "--api-only", help="Serve the API without the background loops.")] = False,
+          ) -> None:
+    """Run the broker: HTTP API plus the placement, dispatch, sync and edge loops."""
+    from broker.app import run_serve
+
+    s = _settings(config)
+    if host is not None:
+        s = s.model_copy(update={"api": s.api.model_copy(update={"host": host})})
+    raise typer.Exit(run_serve(s, migrate=migrate, api_only=api_only, port=port))
+
+
+def _store_url(config: Path | None, url: str | None) -> str:
+    return url or _settings(config).store_url
+
+
+def _print_revision(url: str) -> None:
+    from broker.store import migrate
+
+    rev = _run(lambda: asyncio.run(migrate.current(url)))
+    typer.echo(f"database at revision {rev or 'none (empty)'}")
+
+
+@db_app.command("upgrade")
+def db_upgrade(config: ConfigOpt = None, url: UrlOpt = None,
+               revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Migrate the database to the newest schema (or REVISION)."""
+    from broker.store import migrate
+
+    target = _store_url(config, url)
+    _run(lambda: asyncio.run(migrate.upgrade(target, revision)))
+    _print_revision(target)
+
+
+@db_app.command("downgrade")
+def db_downgrade(config: ConfigOpt = None, url: UrlOpt = None,
+                 revision: Annotated[str, typer.Argument()] = "-1") -> None:
+    """Step the schema back (default one revision; `base` drops everything)."""
+    from broker.store import migrate
+
+    target = _store_url(config, url)
+    _run(lambda: asyncio.run(migrate.downgrade(target, revision)))
+    _print_revision(target)
+
+
+@db_app.command("current")
+def db_current(config: ConfigOpt = None, url: UrlOpt = None) -> None:
+    """Print the database's schema revision and the code's head."""
+    from broker.store import migrate
+
+    target = _store_url(config, url)
+    have = _run(lambda: asyncio.run(migrate.current(target)))
+    typer.echo(f"current: {have or 'none (not migrated)'}  head: {migrate.head_revision()}")
+
+
+@token_app.command("create")
+def token_create(tenant: Annotated[str, typer.Option(help="Tenant the token acts for.")],
+                 config: ConfigOpt = None, url: UrlOpt = None,
+                 admin: Annotated[bool, typer.Option(help="An admin token.")] = False,
+                 description: Annotated[str, typer.Option()] = "") -> None:
+    """Create an API token (printed once; only its hash is stored)."""
+    from broker.store import Store
+
+    target = _store_url(config, url)
+
+    async def create() -> str:
+        store = Store.from_url(target, pool_size=1)
+        try:
+            await store.check_schema()
+            async with store.unit() as uow:
+                _, token = await uow.tokens.create(tenant=tenant, is_admin=admin,
+                                                   description=description)
+            return token
+        finally:
+            await store.close()
+
+    typer.echo(_run(lambda: asyncio.run(create())))
+
+
+def _documents(path: str) -> Iterator[tuple[int, Any]]:
+    import yaml
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise fail(f"cannot read {path}: {e.strerror}") from e
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise fail(f"{path} is not valid YAML/JSON: {str(e).splitlines()[0]}") from e
+    for i, d in enumerate(docs, 1):
+        for item in (d.get("items", []) if isinstance(d, dict) and d.get("kind") == "List"
+                     else [d]):
+            yield i, item
+
+
+def submit(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-': stdin).")],
+           config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
+           output: OutputOpt = "table") -> None:
+    """Submit workloads (multi-document YAML is fine)."""
+    from broker.api.client import ClientError
+
+    out = []
+    with _client(config, server, token) as c:
+        for f in files:
+            for i, doc in _documents(f):
+                try:
+                    out.append(c.submit(doc))
+                except ClientError as e:
+                    raise fail(f"{f} (document {i}): {e}") from e
+    if output != "table":
+        _emit(out, output)
+        return
+    for w in out:
+        typer.echo(f"workload/{w['metadata']['name']} submitted: {w['id']} "
+                   f"({w['status']['phase']})")
+
+
+def get(resource: Annotated[str, typer.Argument(help="workloads | clusters | sites")],
+        config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
+        output: OutputOpt = "table",
+        limit: Annotated[int, typer.Option(help="At most this many rows.")] = 1000) -> None:
+    """List workloads, clusters or sites."""
+    resource = {"workload": "workloads", "cluster": "clusters", "site": "sites",
+                "wl": "workloads"}.get(resource, resource)
+    if resource not in ("workloads", "clusters", "sites"):
+        raise fail(f"unknown resource {resource!r} (use workloads, clusters or sites)")
+    with _client(config, server, token) as c:
+        items = _run(lambda: list(c.list(resource, limit=limit)))
+    if output != "table":
+        _emit(items, output)
+        return
+    _print_table(resource, items)
+
+
+def describe(resource: Annotated[str, typer.Argument(help="workload")],
+             workload_id: Annotated[str, typer.Argument(metavar="ID")],
+             config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
+             output: OutputOpt = "yaml") -> None:
+    """Show one workload with its placement and decision record."""
+    if resource not in ("workload", "workloads", "wl"):
+        raise fail(f"cannot describe {resource!r} (use: describe workload ID)")
+    with _client(config, server, token) as c:
+        w = _run(lambda: c.request("GET", f"/v1/workloads/{workload_id}"))
+        pid = w["status"].get("placementId")
+        if pid:
+            w["placement"] = _run(lambda: c.request("GET", f"/v1/placements/{pid}"))
+    _emit(w, "yaml" if output == "table" else output)
+
+
+def cancel(workload_id: Annotated[str, typer.Argument(metavar="ID")],
+           config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
+           output: OutputOpt = "table") -> None:
+    """Cancel a workload."""
+    with _client(config, server, token) as c:
+        w = _run(lambda: c.request("DELETE", f"/v1/workloads/{workload_id}"))
+    if output != "table":
+        _emit(w, output)
+        return
+    typer.echo(f"workload/{w['metadata']['name']} {w['id']}: {w['status']['phase']}")
+
+
+_COLUMNS: dict[str, list[tuple[str, Callable[[Any], Any]]]] = {
+    "workloads": [
+        ("ID", lambda w: w["id"]), ("NAME", lambda w: w["metadata"]["name"]),
+        ("KIND", lambda w: w["spec"]["kind"]), ("STATUS", lambda w: w["status"]["phase"]),
+        ("REPLICAS", lambda w: w["spec"]["replicas"]),
+        ("CPU", lambda w: f"{w['spec']['resources']['cpu']:g}"),
+        ("MEMORY", lambda w: w["spec"]["resources"]["memory"]),
+        ("GPU", lambda w: w["spec"]["resources"]["gpu"] or ""),
+        ("PLACEMENT", lambda w: w["status"]["placementId"] or ""),
+    ],
+    "clusters": [
+        ("NAME", lambda c: c["name"]), ("PROVIDER", lambda c: c["provider"]),
+        ("REGION", lambda c: c["region"]), ("POOLS", lambda c: len(c["pools"])),
+        ("NODES", lambda c: sum(p["nodes"] for p in c["pools"])),
+        ("HEALTHY", lambda c: "yes" if c["healthy"] else "NO"),
+        ("QUOTA", lambda c: "stale" if c["quotaStale"] else "ok"),
+    ],
+    "sites": [
+        ("NAME", lambda s: s["name"]), ("LAT", lambda s: s["lat"]), ("LON", lambda s: s["lon"]),
+        ("CPU", lambda s: f"{s['capacity']['cpu']:g}"),
+        ("MEMORY", lambda s: f"{s['capacity']['memory']:g}Gi"),
+        ("GPU", lambda s: s["capacity"]["gpu"] or ""), ("HEALTH", lambda s: s["health"]),
+    ],
+}
+
+
+def _print_table(resource: str, items: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not items:
+        typer.echo(f"no {resource}")
+        return
+    table = Table(box=None, header_style="bold")
+    cols = _COLUMNS[resource]
+    for name, _ in cols:
+        table.add_column(name)
+    for item in items:
+        table.add_row(*(str(fn(item)) for _, fn in cols))
+    # Not a terminal (pipes, CI): don't squeeze ids to 80 columns.
+    Console(width=None if sys.stdout.isatty() else 250).print(table)
+
+
+def _emit(obj: Any, output: str) -> None:
+    import yaml
+
+    if output == "json":
+        typer.echo(json.dumps(obj, indent=2, sort_keys=False))
+    elif output == "yaml":
+        typer.echo(yaml.safe_dump(obj, sort_keys=False).rstrip())
+    else:
+        raise fail(f"unknown output format {output!r} (use table, json or yaml)")
 
 
 def register(app: typer.Typer) -> None:
     """Mount this module's commands on the root app."""
+    app.command()(serve)
+    app.command()(submit)
+    app.command()(get)
+    app.command()(describe)
+    app.command()(cancel)
+    app.add_typer(db_app, name="db")
+    app.add_typer(token_app, name="token")

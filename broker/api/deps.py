@@ -1,0 +1,82 @@
+"""Request dependencies: services, and bearer-token authentication.
+
+Tokens are looked up by their sha256 (`store.auth`). A small in-process cache
+keeps the hot path to one SQL statement per request; entries live `TTL_S`
+seconds, so a revoked token stops working within that time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Request
+
+from broker.errors import AuthError, ForbiddenError
+from broker.store import Principal
+
+if TYPE_CHECKING:
+    from broker.app import Services
+
+TTL_S = 5.0
+MAX_ENTRIES = 10_000
+
+
+class TokenCache:
+    def __init__(self, ttl_s: float = TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[Principal, float]] = {}
+
+    def get(self, token: str) -> Principal | None:
+        hit = self._entries.get(token)
+        if hit is None:
+            return None
+        if hit[1] < time.monotonic():
+            del self._entries[token]
+            return None
+        return hit[0]
+
+    def put(self, token: str, principal: Principal) -> None:
+        if len(self._entries) >= MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[token] = (principal, time.monotonic() + self.ttl_s)
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def current_principal(request: Request) -> Principal:
+    header = request.headers.get("authorization")
+    if not header:
+        raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise AuthError("Authorization header must be 'Bearer <token>'")
+    cache: TokenCache = request.app.state.token_cache
+    principal = cache.get(token)
+    if principal is None:
+        async with get_services(request).store.unit() as uow:
+            principal = await uow.tokens.resolve(token)
+        if principal is None:
+            raise AuthError("unknown or revoked token")
+        cache.put(token, principal)
+    return principal
+
+
+async def admin_principal(principal: Annotated[Principal, Depends(current_principal)],
+                          ) -> Principal:
+    if not principal.is_admin:
+        raise ForbiddenError("this call needs the admin token")
+    return principal
+
+
+Auth = Annotated[Principal, Depends(current_principal)]
+Admin = Annotated[Principal, Depends(admin_principal)]
+
+
+def scope_of(p: Principal) -> str | None:
+    """The tenant filter for reads: admins see every tenant, others only their own."""
+    return None if p.is_admin else p.tenant

@@ -1,0 +1,43 @@
+"""Liveness, readiness and metrics (unauthenticated: for probes and Prometheus).
+
+`/healthz` answers while the process runs. `/readyz` answers 200 only when the
+database is reachable and at the code's migration head. `/metrics` exposes the
+process-wide default registry (where the loops register their `skyfed_*`
+metrics) plus the API's own registry.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from broker.api.deps import get_services
+from broker.api.problems import problem
+from broker.api.views import JsonResponse
+from broker.errors import StoreError
+
+router = APIRouter()
+
+
+@router.get("/healthz", summary="Liveness")
+async def healthz() -> Response:
+    return JsonResponse({"status": "ok"})
+
+
+@router.get("/readyz", summary="Readiness: database reachable and migrated")
+async def readyz(request: Request) -> Response:
+    store = get_services(request).store
+    try:
+        await store.ping()
+        await store.check_schema()
+    except StoreError as e:
+        return problem(503, "Not ready", e.message, instance="/readyz")
+    return JsonResponse({"status": "ready", "database": store.dialect})
+
+
+@router.get("/metrics", summary="Prometheus metrics (skyfed_*)")
+async def metrics(request: Request) -> Response:
+    body = generate_latest(REGISTRY) + generate_latest(request.app.state.metrics.registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,234 @@
+"""Request schemas: a Kubernetes-like workload manifest and member registration.
+
+Field names are camelCase in the wire format (`latencySloMs`) and snake_case in
+Python. Unknown fields are refused (a typo like `replica: 3` must not silently
+mean "1 replica"). Each model converts itself to `broker.domain` values with
+`to_domain()`; the API never stores anything a model did not accept.
+
+Quantities: `cpu` is cores (`2`, `0.5` or `"500m"`); `memory` is GiB as a number
+or a Kubernetes quantity (`"4Gi"`, `"512Mi"`, `"8G"`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from broker.domain import (
+    Cluster,
+    DataSource,
+    Interconnect,
+    Pool,
+    PricingModel,
+    Resources,
+    Site,
+    Spread,
+    Toleration,
+    WorkloadKind,
+    WorkloadSpec,
+)
+
+_GIB = 1024.0**3
+_UNITS = {"Ki": 1024.0, "Mi": 1024.0**2, "Gi": _GIB, "Ti": 1024.0**4,
+          "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "k": 1e3}
+_QTY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]{0,2})\s*$")
+NAME_RE = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+def parse_memory_gib(v: Any) -> Any:
+    """`4` -> 4.0 GiB; `"4Gi"` -> 4.0; `"512Mi"` -> 0.5; `"8G"` -> 7.45 (decimal)."""
+    if isinstance(v, str):
+        m = _QTY.match(v)
+        if m is None or (m.group(2) and m.group(2) not in _UNITS):
+            raise ValueError(f"{v!r} is not a memory quantity (use GiB or e.g. '4Gi', '512Mi')")
+        num, unit = float(m.group(1)), m.group(2)
+        return num if not unit else num * _UNITS[unit] / _GIB
+    return v
+
+
+def parse_cpu(v: Any) -> Any:
+    """`2` -> 2.0 cores; `"500m"` -> 0.5."""
+    if isinstance(v, str):
+        s = v.strip()
+        try:
+            return float(s[:-1]) / 1000.0 if s.endswith("m") else float(s)
+        except ValueError:
+            raise ValueError(f"{v!r} is not a CPU quantity (use cores or e.g. '500m')") from None
+    return v
+
+
+Cpu = Annotated[float, BeforeValidator(parse_cpu), Field(ge=0, le=100_000)]
+MemoryGib = Annotated[float, BeforeValidator(parse_memory_gib), Field(ge=0, le=1e7)]
+Gpu = Annotated[int, Field(ge=0, le=1024)]
+Label = Annotated[str, Field(max_length=253)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              frozen=True)
+
+
+class ResourcesIn(_Model):
+    cpu: Cpu = 0.0
+    memory: MemoryGib = 0.0
+    gpu: Gpu = 0
+    gpu_model: str | None = Field(default=None, max_length=64)
+    interconnect: Interconnect = Interconnect.NONE
+
+
+class DataSourceIn(_Model):
+    size_gb: float = Field(ge=0, le=1e9)
+    location: str = Field(min_length=1, max_length=200)
+    url: str = Field(default="", max_length=2048)
+    sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+
+
+class TolerationIn(_Model):
+    key: str = Field(default="", max_length=253)
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = Field(default="", max_length=253)
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+
+class SpreadIn(_Model):
+    topology: Literal["cluster", "zone", "region"] = "cluster"
+    min_domains: int = Field(default=1, ge=1, le=1000)
+    max_domains: int | None = Field(default=None, ge=1, le=1000)
+
+
+class WorkloadSpecIn(_Model):
+    kind: WorkloadKind
+    image: str = Field(min_length=1, max_length=1024)
+    replicas: int = Field(default=1, ge=1, le=100_000)
+    resources: ResourcesIn = Field(default_factory=ResourcesIn)
+    user_region: str | None = Field(default=None, max_length=128)
+    latency_slo_ms: float | None = Field(default=None, gt=0, le=1e6)
+    data: list[DataSourceIn] = Field(default_factory=list, max_length=100)
+    image_gb: float = Field(default=0.5, ge=0, le=10_000)
+    duration_s: float | None = Field(default=None, gt=0)
+    affinity: dict[str, Label] = Field(default_factory=dict)
+    anti_affinity: dict[str, Label] = Field(default_factory=dict)
+    avoid_workloads: list[str] = Field(default_factory=list, max_length=1000)
+    tolerations: list[TolerationIn] = Field(default_factory=list, max_length=100)
+    spread: SpreadIn | None = None
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    budget_usd_per_hour: float | None = Field(default=None, ge=0)
+    spot_ok: bool = True
+    env: dict[str, str] = Field(default_factory=dict)
+    command: list[str] = Field(default_factory=list, max_length=1000)
+
+
+class MetadataIn(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: str = Field(min_length=1, max_length=253, pattern=NAME_RE)
+    labels: dict[str, Label] = Field(default_factory=dict)
+
+
+class WorkloadIn(_Model):
+    """`apiVersion: skyfed.io/v1`, `kind: Workload`, `metadata`, `spec`."""
+
+    api_version: Literal["skyfed.io/v1"]
+    kind: Literal["Workload"]
+    metadata: MetadataIn
+    spec: WorkloadSpecIn
+
+    def to_domain(self) -> WorkloadSpec:
+        s, r = self.spec, self.spec.resources
+        return WorkloadSpec(
+            name=self.metadata.name, kind=s.kind, image=s.image, replicas=s.replicas,
+            resources=Resources(r.cpu, r.memory, r.gpu), gpu_model=r.gpu_model,
+            interconnect=r.interconnect, user_region=s.user_region,
+            latency_slo_ms=s.latency_slo_ms,
+            data=tuple(DataSource(d.size_gb, d.location, d.url, d.sha256) for d in s.data),
+            image_gb=s.image_gb, duration_s=s.duration_s, affinity=dict(s.affinity),
+            anti_affinity=dict(s.anti_affinity), avoid_workloads=tuple(s.avoid_workloads),
+            tolerations=tuple(Toleration(t.key, t.operator, t.value, t.effect)
+                              for t in s.tolerations),
+            spread=None if s.spread is None else Spread(s.spread.topology, s.spread.min_domains,
+                                                        s.spread.max_domains),
+            priority=s.priority, budget_usd_per_hour=s.budget_usd_per_hour, spot_ok=s.spot_ok,
+            labels=dict(self.metadata.labels), env=dict(s.env), command=tuple(s.command),
+        )
+
+
+class NodeIn(_Model):
+    cpu: Cpu
+    memory: MemoryGib
+    gpu: Gpu = 0
+
+
+class PoolIn(_Model):
+    name: str = Field(min_length=1, max_length=128)
+    instance_type: str = Field(min_length=1, max_length=64)
+    node: NodeIn
+    nodes: int = Field(default=0, ge=0, le=100_000)
+    max_nodes: int = Field(default=0, ge=0, le=100_000)
+    price_usd_per_hour: float = Field(ge=0)
+    pricing: PricingModel = PricingModel.ON_DEMAND
+    gpu_model: str | None = None
+    interconnect: Interconnect = Interconnect.NONE
+    reclaim_rate_per_hour: float = Field(default=0.0, ge=0)
+
+    def to_domain(self) -> Pool:
+        return Pool(name=self.name, instance_type=self.instance_type,
+                    node=Resources(self.node.cpu, self.node.memory, self.node.gpu),
+                    nodes=self.nodes, max_nodes=max(self.max_nodes, self.nodes),
+                    price_usd_per_hour=self.price_usd_per_hour, pricing=self.pricing,
+                    gpu_model=self.gpu_model, interconnect=self.interconnect,
+                    reclaim_rate_per_hour=self.reclaim_rate_per_hour)
+
+
+class ClusterIn(_Model):
+    """A member cluster: where it is, its node pools, labels/taints and quotas."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_RE)
+    provider: Literal["aws", "gcp", "azure", "onprem", "edge"]
+    region: str = Field(min_length=1, max_length=64)
+    account: str | None = Field(default=None, max_length=128)
+    zones: list[str] = Field(default_factory=list)
+    lat: float | None = Field(default=None, ge=-90, le=90)
+    lon: float | None = Field(default=None, ge=-180, le=180)
+    labels: dict[str, Label] = Field(default_factory=dict)
+    taints: list[str] = Field(default_factory=list)
+    quota_vcpu: float | None = Field(default=None, ge=0)
+    quota_gpu: float | None = Field(default=None, ge=0)
+    pools: list[PoolIn] = Field(default_factory=list, max_length=1000)
+    attrs: dict[str, Any] | None = None
+
+    def to_domain(self) -> Cluster:
+        return Cluster(name=self.name, provider=self.provider, region=self.region,
+                       pools=tuple(p.to_domain() for p in self.pools), zones=tuple(self.zones),
+                       lat=self.lat, lon=self.lon, labels=dict(self.labels),
+                       taints=tuple(self.taints), quota_vcpu=self.quota_vcpu,
+                       quota_gpu=self.quota_gpu)
+
+
+class SiteIn(_Model):
+    """An edge site run by a `skyfed-edge` agent."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_RE)
+    lat: float = Field(ge=-90, le=90)
+    lon: float = Field(ge=-180, le=180)
+    capacity: NodeIn
+    price_usd_per_hour: float = Field(default=0.0, ge=0)
+    gpu_model: str | None = None
+    interconnect: Interconnect = Interconnect.PCIE
+    uplink_gbps: float = Field(default=1.0, gt=0)
+    labels: dict[str, Label] = Field(default_factory=dict)
+    attrs: dict[str, Any] | None = None
+
+    def to_domain(self) -> Site:
+        return Site(name=self.name, lat=self.lat, lon=self.lon,
+                    capacity=Resources(self.capacity.cpu, self.capacity.memory,
+                                       self.capacity.gpu),
+                    price_usd_per_hour=self.price_usd_per_hour, gpu_model=self.gpu_model,
+                    interconnect=self.interconnect, uplink_gbps=self.uplink_gbps,
+                    labels=dict(self.labels))
+
+
+class TokenIn(_Model):
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][-a-z0-9_]{0,63}$")
+    description: str = Field(default="", max_length=200)

@@ -1,0 +1,42 @@
+"""The append-only event log: what happened, when, to what (audit and UI feed)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from broker.store.models import EventRow
+from broker.store.records import Event
+
+_INSERT = insert(EventRow.__table__)  # type: ignore[arg-type]  # built once: appends are on hot paths
+
+
+class EventRepo:
+    def __init__(self, session: AsyncSession, now: float) -> None:
+        self._s = session
+        self._now = now
+
+    async def append(self, kind: str, subject: str, data: Mapping[str, Any] | None = None, *,
+                     tenant: str | None = None, ts: float | None = None) -> None:
+        """Append one event (`kind` like `workload.submitted`, `subject` the row id)."""
+        await self._s.execute(_INSERT, {
+            "ts": self._now if ts is None else ts, "tenant": tenant, "kind": kind,
+            "subject": subject, "data": dict(data or {})})
+
+    async def list(self, *, tenant: str | None = None, after_id: int = 0, limit: int = 100,
+                   kind: str | None = None, subject: str | None = None) -> builtins.list[Event]:
+        """Events with id > `after_id`, oldest first; `tenant=None` means all tenants."""
+        q = select(EventRow).where(EventRow.id > after_id)
+        if tenant is not None:
+            q = q.where(EventRow.tenant == tenant)
+        if kind is not None:
+            q = q.where(EventRow.kind == kind)
+        if subject is not None:
+            q = q.where(EventRow.subject == subject)
+        rows = (await self._s.scalars(q.order_by(EventRow.id).limit(limit))).all()
+        return [Event(id=r.id, ts=r.ts, tenant=r.tenant, kind=r.kind, subject=r.subject,
+                      data=r.data) for r in rows]

@@ -1,0 +1,160 @@
+"""Placements: the placement loop's decisions, the dispatcher's progress.
+
+A workload has at most one *active* placement. `record` writes a new one,
+retires the previous, and moves the workload to `placed` (or another status)
+inside the caller's unit of work, so decision and status commit together.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from broker.domain import Placement, WorkloadStatus
+from broker.errors import NotFoundError
+from broker.store.events import EventRepo
+from broker.store.mapping import assignments_to_json, placement_from_values
+from broker.store.models import PlacementRow, WorkloadRow
+from broker.store.records import PlacementRecord
+
+LIVE = (str(WorkloadStatus.PLACED), str(WorkloadStatus.RUNNING))
+_FINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.CANCELLED})
+
+
+def new_placement_id() -> str:
+    return "p-" + secrets.token_hex(8)
+
+
+def _record(r: PlacementRow) -> PlacementRecord:
+    return PlacementRecord(
+        id=r.id, tenant=r.tenant,
+        placement=placement_from_values(r.workload_id, r.assignments, r.cost_usd_per_hour,
+                                        r.rtt_ms, r.decision),
+        active=r.active, dispatched=r.dispatched, dispatch_attempts=r.dispatch_attempts,
+        last_error=r.last_error, created_s=r.created_s, updated_s=r.updated_s)
+
+
+class PlacementRepo:
+    def __init__(self, session: AsyncSession, now: float, events: EventRepo) -> None:
+        self._s = session
+        self._now = now
+        self._events = events
+
+    async def record(self, placement: Placement, *,
+                     status: WorkloadStatus = WorkloadStatus.PLACED,
+                     message: str = "") -> str | None:
+        """Store `placement` as the workload's active one and set its status; returns its id.
+
+        Returns None and writes nothing when the workload was cancelled or
+        finished since it was read (the row is locked, so a concurrent cancel
+        either happens first -- and wins -- or waits for this unit).
+        """
+        w = await self._s.get(WorkloadRow, placement.workload_id, with_for_update=True)
+        if w is None:
+            raise NotFoundError(kind="workload", key=placement.workload_id)
+        if WorkloadStatus(w.status) in _FINAL:
+            return None
+        await self._s.execute(update(PlacementRow).where(
+            PlacementRow.workload_id == w.id, PlacementRow.active.is_(True))
+            .values(active=False, updated_s=self._now))
+        pid = new_placement_id()
+        clusters = sorted({a.cluster for a in placement.assignments})
+        self._s.add(PlacementRow(
+            id=pid, workload_id=w.id, tenant=w.tenant,
+            assignments=assignments_to_json(placement.assignments),
+            clusters_csv="," + ",".join(clusters) + ("," if clusters else ""),
+            cost_usd_per_hour=placement.cost_usd_per_hour, rtt_ms=placement.rtt_ms,
+            decision=dict(placement.decision), active=True, dispatched=False,
+            dispatch_attempts=0, last_error="", created_s=self._now, updated_s=self._now))
+        w.status = str(status)
+        w.placement_id = pid
+        w.message = message
+        w.updated_s = self._now
+        await self._events.append(f"workload.{status}", w.id,
+                                  {"placement": pid, "clusters": clusters,
+                                   "cost_usd_per_hour": placement.cost_usd_per_hour},
+                                  tenant=w.tenant)
+        return pid
+
+    async def get(self, placement_id: str, *, tenant: str | None = None) -> PlacementRecord:
+        return _record(await self._row(placement_id, tenant))
+
+    async def get_active_for_workload(self, workload_id: str) -> PlacementRecord | None:
+        row = (await self._s.scalars(select(PlacementRow).where(
+            PlacementRow.workload_id == workload_id, PlacementRow.active.is_(True)))).first()
+        return None if row is None else _record(row)
+
+    async def list_undispatched(self, *, limit: int = 500) -> list[PlacementRecord]:
+        """Active placements not yet applied, of workloads still `placed`; oldest first."""
+        q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
+             .where(PlacementRow.active.is_(True), PlacementRow.dispatched.is_(False),
+                    WorkloadRow.status == str(WorkloadStatus.PLACED))
+             .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
+        return [_record(r) for r in (await self._s.scalars(q)).all()]
+
+    async def mark_dispatched(self, placement_id: str) -> None:
+        """Idempotent: marking twice is the same as once."""
+        row = await self._row(placement_id, None)
+        if not row.dispatched:
+            row.dispatched = True
+            row.dispatch_attempts += 1
+            row.last_error = ""
+            row.updated_s = self._now
+            await self._events.append("placement.dispatched", row.workload_id,
+                                      {"placement": row.id}, tenant=row.tenant)
+
+    async def record_dispatch_failure(self, placement_id: str, error: str) -> int:
+        """Count a failed apply; returns the attempts so far."""
+        row = await self._row(placement_id, None)
+        row.dispatch_attempts += 1
+        row.last_error = error
+        row.updated_s = self._now
+        return row.dispatch_attempts
+
+    async def list_active_on_cluster(self, cluster: str) -> list[PlacementRecord]:
+        """Active placements with replicas on `cluster` whose workload is placed/running."""
+        q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
+             .where(PlacementRow.active.is_(True), WorkloadRow.status.in_(LIVE),
+                    PlacementRow.clusters_csv.like(f"%,{cluster},%"))
+             .order_by(PlacementRow.created_s, PlacementRow.id))
+        return [_record(r) for r in (await self._s.scalars(q)).all()]
+
+    async def list_active(self, *, limit: int = 10_000) -> list[PlacementRecord]:
+        """Every active placement of a placed/running workload (the `running` snapshot)."""
+        q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
+             .where(PlacementRow.active.is_(True), WorkloadRow.status.in_(LIVE))
+             .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
+        return [_record(r) for r in (await self._s.scalars(q)).all()]
+
+    async def list_to_withdraw(self, *, limit: int = 500) -> list[PlacementRecord]:
+        """Dispatched, still-active placements whose workload was cancelled: delete them."""
+        q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
+             .where(PlacementRow.active.is_(True), PlacementRow.dispatched.is_(True),
+                    WorkloadRow.status == str(WorkloadStatus.CANCELLED))
+             .order_by(PlacementRow.created_s).limit(limit))
+        return [_record(r) for r in (await self._s.scalars(q)).all()]
+
+    async def retire(self, placement_id: str) -> None:
+        """Make a placement inactive (withdrawn or superseded); idempotent."""
+        row = await self._row(placement_id, None)
+        row.active = False
+        row.updated_s = self._now
+
+    async def get_decision(self, placement_id: str, *,
+                           tenant: str | None = None) -> Mapping[str, Any]:
+        return dict((await self._row(placement_id, tenant)).decision)
+
+    async def put_decision(self, placement_id: str, decision: Mapping[str, Any]) -> None:
+        row = await self._row(placement_id, None)
+        row.decision = dict(decision)
+        row.updated_s = self._now
+
+    async def _row(self, placement_id: str, tenant: str | None) -> PlacementRow:
+        row = await self._s.get(PlacementRow, placement_id)
+        if row is None or (tenant is not None and row.tenant != tenant):
+            raise NotFoundError(kind="placement", key=placement_id)
+        return row

@@ -1,0 +1,98 @@
+"""Values the repositories return that carry more than a `broker.domain` type
+(ids, bookkeeping); each wraps the domain value rather than copying it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.domain import Cluster, Placement, Site, Workload
+from providers.base import Quota
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a bearer token speaks for."""
+
+    tenant: str
+    is_admin: bool
+    token_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRecord:
+    workload: Workload
+    placement_id: str | None = None
+    message: str = ""
+    updated_s: float = 0.0
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    id: str
+    tenant: str
+    placement: Placement
+    active: bool
+    dispatched: bool
+    dispatch_attempts: int
+    last_error: str
+    created_s: float
+    updated_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    cluster: Cluster
+    tenant: str
+    account: str | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    updated_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SiteRecord:
+    site: Site
+    tenant: str
+    last_seen_s: float | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    updated_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSnapshot:
+    account: str
+    provider: str
+    taken_s: float
+    quotas: tuple[Quota, ...]
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AccountState:
+    name: str
+    provider: str
+    stale: bool
+    failures: int
+    last_ok_s: float | None
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    ts: float
+    tenant: str | None
+    kind: str
+    subject: str
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a list; pass `next_cursor` back to get the next (None: last page)."""
+
+    items: tuple[Any, ...]
+    next_cursor: str | None

@@ -1,0 +1,229 @@
+"""Workloads: submission (idempotent per tenant), reads scoped by tenant, the
+pending queue the placement loop drains, status changes and re-queueing.
+
+Tenant scoping: every read/write that takes `tenant=` filters by it; a row of
+another tenant is reported as `NotFoundError` (404), never as forbidden, so its
+existence does not leak. `tenant=None` is for the broker's own loops and admin.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from broker.domain import Workload, WorkloadSpec, WorkloadStatus
+from broker.errors import ConflictError, IdempotencyError, NotFoundError, SpecError
+from broker.store.engine import json_dumps as _dumps
+from broker.store.events import EventRepo
+from broker.store.mapping import spec_to_json, workload_from_row
+from broker.store.models import PlacementRow, WorkloadRow
+from broker.store.records import Page, WorkloadRecord
+
+TERMINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED,
+                      WorkloadStatus.CANCELLED})
+
+
+# The submission hot path uses statements built once (bound parameters, Core
+# table inserts): SQLAlchemy then skips per-call statement construction and
+# cache-key generation, which dominated the cost of a POST.
+_BY_KEY = select(WorkloadRow.id, WorkloadRow.request_sha256).where(
+    WorkloadRow.tenant == bindparam("tenant"),
+    WorkloadRow.idempotency_key == bindparam("key"))
+_INSERT = insert(WorkloadRow.__table__)  # type: ignore[arg-type]
+# PostgreSQL: insert-unless-key-exists plus the `workload.submitted` event in ONE
+# statement (a data-modifying CTE): one round trip instead of three. A key that
+# is already used inserts nothing and returns no row; a concurrent first use
+# waits for the other transaction instead of failing.
+_PG_SUBMIT = text("""
+WITH w AS (
+  INSERT INTO workloads (id, tenant, name, kind, status, priority, spec, idempotency_key,
+                         request_sha256, placement_id, message, submitted_s, updated_s)
+  VALUES (:id, :tenant, :name, :kind, :status, :priority, CAST(:spec AS JSONB),
+          :idempotency_key, :request_sha256, NULL, '', :submitted_s, :updated_s)
+  ON CONFLICT (tenant, idempotency_key) DO NOTHING
+  RETURNING id, tenant)
+INSERT INTO events (ts, tenant, kind, subject, data)
+SELECT :submitted_s, tenant, 'workload.submitted', id, CAST(:edata AS JSONB) FROM w
+RETURNING subject
+""")
+
+
+def new_workload_id() -> str:
+    return "w-" + secrets.token_hex(8)
+
+
+def encode_cursor(submitted_s: float, wid: str) -> str:
+    return base64.urlsafe_b64encode(f"{submitted_s!r}|{wid}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        ts, _, wid = raw.partition("|")
+        return float(ts), wid
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpecError(f"cursor {cursor!r} is not valid", loc=("query", "cursor")) from e
+
+
+def _record(row: WorkloadRow) -> WorkloadRecord:
+    return WorkloadRecord(workload=workload_from_row(row), placement_id=row.placement_id,
+                          message=row.message, updated_s=row.updated_s,
+                          idempotency_key=row.idempotency_key)
+
+
+class WorkloadRepo:
+    def __init__(self, session: AsyncSession, now: float, events: EventRepo) -> None:
+        self._s = session
+        self._now = now
+        self._events = events
+
+    async def submit(self, *, tenant: str, spec: WorkloadSpec,
+                     spec_json: Mapping[str, Any] | None = None,
+                     idempotency_key: str | None = None,
+                     request_sha256: str = "") -> tuple[WorkloadRecord, bool]:
+        """Store a new pending workload; returns (record, created).
+
+        With an `idempotency_key` already used by this tenant: the same body
+        (`request_sha256`) returns the first workload with created=False; a
+        different body raises `IdempotencyError`. Two racing first submissions
+        with one key: on PostgreSQL the second waits and then sees the first;
+        on SQLite (one connection) they cannot interleave.
+        `spec_json` (= `spec_to_json(spec)`) may be passed when already computed.
+        """
+        if spec_json is None:
+            spec_json = spec_to_json(spec)
+        wid = new_workload_id()
+        values = {
+            "id": wid, "tenant": tenant, "name": spec.name, "kind": str(spec.kind),
+            "status": str(WorkloadStatus.PENDING), "priority": spec.priority,
+            "spec": dict(spec_json), "idempotency_key": idempotency_key,
+            "request_sha256": request_sha256, "placement_id": None, "message": "",
+            "submitted_s": self._now, "updated_s": self._now,
+        }
+        if self._s.bind is not None and self._s.bind.dialect.name == "postgresql":
+            inserted = await self._insert_pg(values)
+        else:
+            inserted = await self._insert_portable(values)
+        if not inserted:
+            if idempotency_key is None:  # pragma: no cover - a NULL key never conflicts
+                raise ConflictError(f"workload id {wid} already exists")
+            return await self.replay(tenant=tenant, idempotency_key=idempotency_key,
+                                     request_sha256=request_sha256), False
+        rec = WorkloadRecord(workload=Workload(
+            id=wid, tenant=tenant, spec=spec, status=WorkloadStatus.PENDING,
+            submitted_s=self._now), updated_s=self._now, idempotency_key=idempotency_key)
+        return rec, True
+
+    async def replay(self, *, tenant: str, idempotency_key: str,
+                     request_sha256: str) -> WorkloadRecord:
+        """The workload first submitted with this key; `IdempotencyError` if the body differs."""
+        hit = (await self._s.execute(_BY_KEY, {"tenant": tenant,
+                                               "key": idempotency_key})).first()
+        if hit is None:  # pragma: no cover - the conflicting row vanished (deleted tenant)
+            raise ConflictError(f"Idempotency-Key {idempotency_key!r} is in flux; retry")
+        if hit.request_sha256 != request_sha256:
+            raise IdempotencyError(key=idempotency_key)
+        return _record(await self._row(hit.id, tenant))
+
+    async def _insert_pg(self, values: dict[str, Any]) -> bool:
+        """One statement: insert unless the key exists, and log the event with it."""
+        params = values | {"spec": _dumps(values["spec"]),
+                           "edata": _dumps({"name": values["name"]})}
+        res = await self._s.execute(_PG_SUBMIT, params)
+        return res.first() is not None
+
+    async def _insert_portable(self, values: dict[str, Any]) -> bool:
+        key = values["idempotency_key"]
+        if key is not None and (await self._s.execute(
+                _BY_KEY, {"tenant": values["tenant"], "key": key})).first() is not None:
+            return False
+        await self._s.execute(_INSERT, values)
+        await self._events.append("workload.submitted", values["id"], {"name": values["name"]},
+                                  tenant=values["tenant"])
+        return True
+
+    async def get(self, workload_id: str, *, tenant: str | None = None) -> WorkloadRecord:
+        return _record(await self._row(workload_id, tenant))
+
+    async def list(self, *, tenant: str | None, status: WorkloadStatus | None = None,
+                   limit: int = 50, cursor: str | None = None) -> Page:
+        """Oldest first, keyset-paginated on (submitted_s, id)."""
+        q = select(WorkloadRow)
+        if tenant is not None:
+            q = q.where(WorkloadRow.tenant == tenant)
+        if status is not None:
+            q = q.where(WorkloadRow.status == str(status))
+        if cursor:
+            ts, wid = decode_cursor(cursor)
+            q = q.where((WorkloadRow.submitted_s > ts)
+                        | ((WorkloadRow.submitted_s == ts) & (WorkloadRow.id > wid)))
+        q = q.order_by(WorkloadRow.submitted_s, WorkloadRow.id).limit(limit + 1)
+        rows = (await self._s.scalars(q)).all()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = encode_cursor(rows[-1].submitted_s, rows[-1].id) if more and rows else None
+        return Page(items=tuple(_record(r) for r in rows), next_cursor=nxt)
+
+    async def list_pending(self, *, limit: int = 500) -> builtins.list[Workload]:
+        """Pending workloads of every tenant: highest priority first, then oldest."""
+        q = (select(WorkloadRow).where(WorkloadRow.status == str(WorkloadStatus.PENDING))
+             .order_by(WorkloadRow.priority.desc(), WorkloadRow.submitted_s, WorkloadRow.id)
+             .limit(limit))
+        return [workload_from_row(r) for r in (await self._s.scalars(q)).all()]
+
+    async def list_by_status(self, statuses: Sequence[WorkloadStatus], *,
+                             limit: int = 1000) -> builtins.list[WorkloadRecord]:
+        q = (select(WorkloadRow).where(WorkloadRow.status.in_([str(s) for s in statuses]))
+             .order_by(WorkloadRow.submitted_s, WorkloadRow.id).limit(limit))
+        return [_record(r) for r in (await self._s.scalars(q)).all()]
+
+    async def set_status(self, workload_id: str, status: WorkloadStatus, *,
+                         message: str = "", event_data: Mapping[str, Any] | None = None) -> None:
+        """Set a workload's status and log `workload.<status>`."""
+        row = await self._row(workload_id, None, lock=True)
+        row.status = str(status)
+        row.message = message
+        row.updated_s = self._now
+        await self._events.append(f"workload.{status}", workload_id,
+                                  {"message": message, **(event_data or {})}, tenant=row.tenant)
+
+    async def cancel(self, workload_id: str, *, tenant: str | None) -> WorkloadRecord:
+        """Cancel (idempotent: a finished or cancelled workload is returned unchanged)."""
+        row = await self._row(workload_id, tenant, lock=True)
+        if WorkloadStatus(row.status) not in TERMINAL:
+            row.status = str(WorkloadStatus.CANCELLED)
+            row.updated_s = self._now
+            await self._events.append("workload.cancelled", workload_id, {}, tenant=row.tenant)
+        return _record(row)
+
+    async def requeue(self, workload_id: str, *, reason: str) -> None:
+        """Back to pending (e.g. its cluster failed): the active placement is retired."""
+        row = await self._row(workload_id, None, lock=True)
+        if WorkloadStatus(row.status) in TERMINAL:
+            return
+        await self._s.execute(update(PlacementRow).where(
+            PlacementRow.workload_id == workload_id, PlacementRow.active.is_(True))
+            .values(active=False, updated_s=self._now))
+        row.status = str(WorkloadStatus.PENDING)
+        row.placement_id = None
+        row.message = reason
+        row.updated_s = self._now
+        await self._events.append("workload.requeued", workload_id, {"reason": reason},
+                                  tenant=row.tenant)
+
+    async def _row(self, workload_id: str, tenant: str | None, *,
+                   lock: bool = False) -> WorkloadRow:
+        """The row (locked FOR UPDATE on PostgreSQL when `lock`, so status changes
+        by the API and the loops serialise instead of overwriting each other)."""
+        row = await self._s.get(WorkloadRow, workload_id, with_for_update=lock or None)
+        if row is None or (tenant is not None and row.tenant != tenant):
+            raise NotFoundError(kind="workload", key=workload_id)
+        return row
+
+
