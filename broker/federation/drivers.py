@@ -1,0 +1,555 @@
+"""Registered clusters -> live ClusterDrivers: the registry the dispatcher applies through.
+
+Why: `POST /v1/clusters` only writes a row. Something has to turn it into a driver the
+dispatcher, reconciler and telemetry can call, follow registrations made, changed or deleted
+while the broker runs, and keep one bad registration from taking the others down.
+`DriverRegistry` is that (a read-only `Mapping[str, ClusterDriver]`), `DriverRefreshLoop`
+refreshes it on an interval. docs/clusters.md has the API bodies and every attr.
+
+Kind: `attrs.driver`, else "kubernetes" when attrs has a kubeconfig / in_cluster / kubernetes,
+else "edge" for provider edge, else "simulated" (so a fresh install dispatches somewhere).
+Kubernetes reads files or the service account of the broker host: trusted tenants only.
+Edge drivers reach their site through the edge hub, looked up per call (start-up order).
+
+Lifecycle: built the first time a refresh sees a registration (never at import; the kubernetes
+SDK only when a kubernetes cluster exists), reused while its fingerprint (kind, options, pool
+shapes; not usage or telemetry) is unchanged, closed when it changes or the cluster goes. A
+registration that cannot be built is logged once per distinct error with the cluster's name,
+gets no driver, and its row is marked unhealthy with `attrs.driver_error`; it is retried every
+refresh (fixing a kubeconfig on disk is enough) and the mark lifted when it builds.
+
+`mirror` (the broker's `Services.drivers` dict): the registry writes what it builds there and
+removes it again, never touching an entry it did not put there: a driver someone else
+installed under a cluster's name (the demo's) wins and the registry builds none for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from broker.clock import Clock, SystemClock
+from broker.domain import Cluster, Pool
+from broker.errors import BrokerError, ConfigError
+from providers.base import ClusterDriver, Interconnect
+from providers.catalog import Catalog
+from providers.errors import ProviderError, TransientError
+from providers.simulated import SimPool, SimulatedClusterDriver
+
+if TYPE_CHECKING:
+    from broker.app import Services
+    from broker.store import ClusterRecord, Store
+
+log = logging.getLogger(__name__)
+
+KINDS = ("kubernetes", "simulated", "edge")
+DEFAULT_NAMESPACE = "skyfed"
+DEFAULT_REFRESH_S = 5.0
+TRUSTED_TENANTS = frozenset({"admin"})
+REGISTRY_KEY = "driver_registry"  # where install_drivers keeps the registry in Services.extras
+_K8S_SHORTHAND = ("kubeconfig", "context", "namespace", "in_cluster")
+_K8S_EXTRA = ("max_concurrency", "timeout_s", "watch_timeout_s", "job_backoff_limit")
+_SIM_KEYS = ("startup_s", "seed")
+_EDGE_KEYS = ("site", "command_timeout_s")
+_CAMEL_RE = re.compile(r"(?<=[a-z0-9])([A-Z])")
+_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+EdgeFactory = Callable[["DriverTarget"], ClusterDriver]
+Closer = Callable[[], Awaitable[None]]
+
+
+class DriverConfigError(ConfigError):
+    """A registration that cannot become a driver; names the cluster and what is wrong."""
+
+    def __init__(self, cluster: str, problem: str) -> None:
+        super().__init__(f"cluster {cluster!r}: {problem}")
+        self.cluster = cluster
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class DriverTarget:
+    """What one registration asks for, validated; equal fingerprints mean "reuse the driver"."""
+
+    name: str
+    kind: str
+    tenant: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    pools: tuple[SimPool, ...] = ()
+
+    @property
+    def fingerprint(self) -> str:
+        blob = json.dumps({"kind": self.kind, "options": self.options,
+                           "pools": [_pool_key(p) for p in self.pools]},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshResult:
+    """What one refresh changed (cluster names), for logs and tests."""
+
+    added: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)  # name -> error
+    foreign: tuple[str, ...] = ()  # a driver someone else installed is kept
+
+
+@dataclass(slots=True)
+class _Entry:
+    target: DriverTarget
+    driver: ClusterDriver
+    close: Closer
+
+
+def _pool_key(p: SimPool) -> list[Any]:
+    return [p.name, p.nodes, p.cpu_per_node, p.memory_gib_per_node, p.gpu_per_node, p.gpu_model,
+            str(p.interconnect), sorted(p.labels.items()), list(p.taints), p.instance_type]
+
+
+# ---- registration -> target (no I/O except the catalog file) ------------------------------
+def driver_kind(rec: ClusterRecord) -> str:
+    """The driver kind a registration asks for (see the module docstring for the rules)."""
+    attrs = _snake(rec.attrs)
+    explicit = attrs.get("driver")
+    if explicit is not None:
+        if not isinstance(explicit, str) or explicit not in KINDS:
+            raise DriverConfigError(rec.cluster.name, f"unknown driver {explicit!r} in "
+                                    f"attrs.driver (known: {', '.join(KINDS)})")
+        return explicit
+    if any(attrs.get(k) for k in ("kubeconfig", "in_cluster", "kubernetes")):
+        return "kubernetes"
+    return "edge" if rec.cluster.provider == "edge" else "simulated"
+
+
+def target_for(rec: ClusterRecord, *, catalog: Callable[[], Catalog] = Catalog.load,
+               trusted_tenants: frozenset[str] | None = TRUSTED_TENANTS) -> DriverTarget:
+    """Parse and validate one registration; raises DriverConfigError naming what is wrong."""
+    name, kind, attrs = rec.cluster.name, driver_kind(rec), _snake(rec.attrs)
+    if kind == "kubernetes":
+        if trusted_tenants is not None and rec.tenant not in trusted_tenants:
+            raise DriverConfigError(name, f"tenant {rec.tenant!r} may not register a kubernetes "
+                                    "driver (it reads a kubeconfig or service account on the "
+                                    "broker host); ask an admin to register it")
+        return DriverTarget(name=name, kind=kind, tenant=rec.tenant,
+                            options=_kubernetes_options(name, attrs))
+    pools = tuple(_sim_pool(rec.cluster, p, catalog) for p in rec.cluster.pools)
+    if kind == "edge":
+        return DriverTarget(name=name, kind=kind, tenant=rec.tenant,
+                            options=_edge_options(name, attrs), pools=pools)
+    sim = attrs.get("simulated", {})
+    if not isinstance(sim, Mapping):
+        raise DriverConfigError(name, f"attrs.simulated must be an object, got {sim!r}")
+    sim = _snake(sim)
+    _refuse_unknown(name, "attrs.simulated", sim, _SIM_KEYS)
+    options = {"startup_s": _number(name, "attrs.simulated.startup_s", sim.get("startup_s", 0.0)),
+               "seed": int(_number(name, "attrs.simulated.seed", sim.get("seed", 0)))}
+    return DriverTarget(name=name, kind=kind, tenant=rec.tenant, options=options, pools=pools)
+
+
+def _kubernetes_options(name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    nested = attrs.get("kubernetes") or {}
+    if not isinstance(nested, Mapping):
+        raise DriverConfigError(name, f"attrs.kubernetes must be an object, got {nested!r}")
+    nested = _snake(nested)
+    _refuse_unknown(name, "attrs.kubernetes", nested, _K8S_SHORTHAND + _K8S_EXTRA)
+    merged = {k: attrs[k] for k in _K8S_SHORTHAND if attrs.get(k) is not None} | dict(nested)
+    opts: dict[str, Any] = {"namespace": merged.get("namespace", DEFAULT_NAMESPACE),
+                            "in_cluster": merged.get("in_cluster", False)}
+    for key in ("kubeconfig", "context"):
+        value = merged.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise DriverConfigError(name, f"attrs.{key} must be a non-empty string, got {value!r}")
+        opts[key] = value
+    if opts["kubeconfig"] is not None:
+        opts["kubeconfig"] = os.path.expanduser(opts["kubeconfig"])
+    if not isinstance(opts["in_cluster"], bool):
+        raise DriverConfigError(name, f"attrs.in_cluster must be true or false, "
+                                f"got {opts['in_cluster']!r}")
+    ns = opts["namespace"]
+    if not isinstance(ns, str) or not _NAMESPACE_RE.match(ns):
+        raise DriverConfigError(name, f"attrs.namespace {ns!r} is not a valid namespace name")
+    for key in _K8S_EXTRA:
+        if key in merged:
+            value = _number(name, f"attrs.kubernetes.{key}", merged[key])
+            if value == 0 and key != "job_backoff_limit":
+                raise DriverConfigError(name, f"attrs.kubernetes.{key} must be > 0")
+            opts[key] = value if key.endswith("_s") else int(value)
+    return opts
+
+
+def _edge_options(name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    edge = attrs.get("edge") or {}
+    if not isinstance(edge, Mapping):
+        raise DriverConfigError(name, f"attrs.edge must be an object, got {edge!r}")
+    edge = _snake(edge)
+    _refuse_unknown(name, "attrs.edge", edge, _EDGE_KEYS)
+    site = edge.get("site", name)
+    if not isinstance(site, str) or not site:
+        raise DriverConfigError(name, f"attrs.edge.site must be a site name, got {site!r}")
+    timeout_s = _number(name, "attrs.edge.command_timeout_s", edge.get("command_timeout_s", 5.0))
+    if timeout_s == 0:
+        raise DriverConfigError(name, "attrs.edge.command_timeout_s must be > 0")
+    return {"site": site, "command_timeout_s": timeout_s}
+
+
+def _snake(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The API speaks camelCase (`inCluster`, `timeoutS`): accept it next to snake_case."""
+    return {_CAMEL_RE.sub(r"_\1", str(k)).lower(): v for k, v in given.items()}
+
+
+def _refuse_unknown(name: str, where: str, given: Mapping[str, Any],
+                    known: Sequence[str]) -> None:
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise DriverConfigError(name, f"unknown key(s) in {where}: {', '.join(unknown)} "
+                                f"(known: {', '.join(known)})")
+
+
+def _number(name: str, where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise DriverConfigError(name, f"{where} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _sim_pool(cluster: Cluster, pool: Pool, catalog: Callable[[], Catalog]) -> SimPool:
+    """A simulated pool at full size; node shape from the pool, else from the catalog."""
+    cpu, mem, gpu = pool.node.cpu, pool.node.memory_gib, pool.node.gpu
+    gpu_model, interconnect = pool.gpu_model, pool.interconnect
+    if cpu <= 0 or mem <= 0:
+        try:
+            offer = catalog().offer(cluster.provider, cluster.region, pool.instance_type)
+        except ProviderError as exc:
+            raise DriverConfigError(cluster.name, f"pool {pool.name!r} gives no node size and "
+                                    f"the catalog has none for it: {exc}") from exc
+        cpu, mem, gpu = offer.vcpu, offer.memory_gib, offer.gpu_count
+        gpu_model = gpu_model or offer.gpu_model
+        if interconnect is Interconnect.NONE:
+            interconnect = offer.interconnect
+    return SimPool(name=pool.name, nodes=max(pool.nodes, pool.max_nodes), cpu_per_node=cpu,
+                   memory_gib_per_node=mem, gpu_per_node=gpu, gpu_model=gpu_model,
+                   interconnect=interconnect, labels=dict(cluster.labels),
+                   taints=tuple(cluster.taints), instance_type=pool.instance_type)
+
+
+# ---- target -> driver ------------------------------------------------------------------
+class EdgeDriverFactory:
+    """Builds `providers.edge.EdgeSiteDriver`s that reach their site through the edge hub.
+
+    `hub` is asked for the hub (an `EdgeTransport`: `send_command`, `site_services`) on every
+    call, not at build time: the hub is a loop built after the drivers, and may restart. While
+    there is none, commands fail as TransientError (retried, then counted by the dispatcher)
+    and the site reads as "not heard yet".
+    """
+
+    def __init__(self, hub: Callable[[], Any] = lambda: None) -> None:
+        self._hub = hub
+
+    def __call__(self, target: DriverTarget) -> ClusterDriver:
+        try:
+            edge = importlib.import_module("providers.edge")
+        except ImportError as exc:
+            raise DriverConfigError(target.name, "driver 'edge' needs providers/edge.py (the "
+                                    f"edge-site ClusterDriver), which this build cannot import: "
+                                    f"{exc}") from exc
+        site = str(target.options.get("site", target.name))
+        cpu = sum(p.cpu_per_node * p.nodes for p in target.pools)
+        mem = sum(p.memory_gib_per_node * p.nodes for p in target.pools)
+        gpu = sum(p.gpu_per_node * p.nodes for p in target.pools)
+        driver: ClusterDriver = edge.EdgeSiteDriver(
+            site=site, transport=_HubTransport(self._hub), cpu=cpu, memory_gib=mem, gpu=gpu,
+            command_timeout_s=float(target.options.get("command_timeout_s", 5.0)))
+        return driver
+
+
+class _HubTransport:
+    """`providers.edge.EdgeTransport` over whatever hub `lookup` returns right now."""
+
+    def __init__(self, lookup: Callable[[], Any]) -> None:
+        self._lookup = lookup
+
+    def _hub(self) -> Any:
+        hub = self._lookup()
+        return hub if hub is not None and hasattr(hub, "send_command") else None
+
+    async def send_command(self, *, site: str, kind: str,
+                           service: Mapping[str, Any] | None = None, service_name: str = "",
+                           standby: bool = False, timeout_s: float = 5.0) -> Mapping[str, Any]:
+        hub = self._hub()
+        if hub is None:
+            raise TransientError(f"cannot send {kind!r} to site {site!r}: no edge hub (MQTT "
+                                 "session) runs in this broker", provider="edge", region=site)
+        ack: Mapping[str, Any] = await hub.send_command(
+            site=site, kind=kind, service=service, service_name=service_name, standby=standby,
+            timeout_s=timeout_s)
+        return ack
+
+    def site_services(self, *, site: str) -> Mapping[str, str] | None:
+        hub = self._hub()
+        states: Mapping[str, str] | None = None if hub is None else hub.site_services(site=site)
+        return states
+
+
+async def _close_generic(driver: object) -> None:
+    """Close a driver that offers `aclose()` or `close()`; drivers without either need none."""
+    for attr in ("aclose", "close"):
+        fn = getattr(driver, attr, None)
+        if callable(fn):
+            result = fn()
+            if inspect.isawaitable(result):
+                await result
+            return
+
+
+async def _noop() -> None:
+    return None
+
+
+class DriverRegistry(Mapping[str, ClusterDriver]):
+    """Cluster name -> live ClusterDriver, built from the store's registrations (module doc)."""
+
+    def __init__(self, *, clock: Clock | None = None,
+                 catalog: Callable[[], Catalog] = Catalog.load,
+                 mirror: MutableMapping[str, ClusterDriver] | None = None,
+                 trusted_tenants: frozenset[str] | None = TRUSTED_TENANTS,
+                 edge_factory: EdgeFactory | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self._catalog = catalog
+        self._mirror = mirror
+        self._trusted = trusted_tenants
+        self._edge_factory = edge_factory or EdgeDriverFactory()
+        self._entries: dict[str, _Entry] = {}
+        self._errors: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+        self.refreshes = 0
+
+    # ---- Mapping ----------------------------------------------------------------------
+    def __getitem__(self, name: str) -> ClusterDriver:
+        return self._entries[name].driver
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        kinds = {n: e.target.kind for n, e in sorted(self._entries.items())}
+        return f"DriverRegistry({kinds}, errors={sorted(self._errors)})"
+
+    @property
+    def errors(self) -> Mapping[str, str]:
+        """Cluster name -> why it has no driver, as of the last refresh."""
+        return dict(self._errors)
+
+    def kind_of(self, name: str) -> str:
+        return self._entries[name].target.kind
+
+    # ---- refresh ----------------------------------------------------------------------
+    async def refresh(self, store: Store) -> RefreshResult:
+        """Bring the drivers in line with the store's clusters; see the module docstring.
+
+        Store errors propagate (the loop logs them and tries again); a registration that
+        cannot be built never does: it is recorded in `errors` and its cluster marked unhealthy.
+        """
+        async with self._lock:
+            async with store.unit() as uow:
+                records = await uow.clusters.list_records()
+            result = await self._apply(records)
+            await self._record_health(store, records, result.failed)
+            self.refreshes += 1
+            return result
+
+    async def _apply(self, records: Sequence[ClusterRecord]) -> RefreshResult:
+        added: list[str] = []
+        replaced: list[str] = []
+        failed: dict[str, str] = {}
+        foreign: list[str] = []
+        seen = set()
+        for rec in records:
+            name = rec.cluster.name
+            seen.add(name)
+            if self._is_foreign(name):
+                foreign.append(name)
+                await self._drop(name)
+                continue
+            try:
+                target = target_for(rec, catalog=self._catalog, trusted_tenants=self._trusted)
+                old = self._entries.get(name)
+                if old is not None and old.target.fingerprint == target.fingerprint:
+                    if self._mirror is not None and name not in self._mirror:
+                        self._mirror[name] = old.driver  # someone deleted it: put it back
+                    continue
+                driver, close = await self._build(target)
+            except Exception as exc:  # noqa: BLE001  one bad registration must not stop the rest
+                failed[name] = _describe(name, exc)
+                await self._drop(name)
+                continue
+            (replaced if name in self._entries else added).append(name)
+            await self._drop(name)
+            self._entries[name] = _Entry(target=target, driver=driver, close=close)
+            if self._mirror is not None:
+                self._mirror[name] = driver
+            log.info("driver for cluster %r: %s%s", name, target.kind,
+                     " (replaced)" if name in replaced else "")
+        removed = [n for n in list(self._entries) if n not in seen]
+        for name in removed:
+            await self._drop(name)
+            log.info("cluster %r is gone: its driver is closed", name)
+        for name, msg in failed.items():
+            if self._errors.get(name) != msg:
+                log.warning("no driver for %s", msg)
+        self._errors = failed
+        return RefreshResult(added=tuple(added), replaced=tuple(replaced),
+                             removed=tuple(removed), failed=dict(failed), foreign=tuple(foreign))
+
+    def _is_foreign(self, name: str) -> bool:
+        """True when the mirror holds a driver under `name` that this registry did not put."""
+        if self._mirror is None or name not in self._mirror:
+            return False
+        mine = self._entries.get(name)
+        return mine is None or self._mirror[name] is not mine.driver
+
+    async def _build(self, target: DriverTarget) -> tuple[ClusterDriver, Closer]:
+        if target.kind == "simulated":
+            driver = SimulatedClusterDriver(
+                target.name, target.pools, seed=int(target.options["seed"]),
+                clock=self._clock.now, startup_s=float(target.options["startup_s"]))
+            return driver, _noop
+        if target.kind == "kubernetes":
+            return await self._build_kubernetes(target)
+        edge = self._edge_factory(target)
+        return edge, lambda: _close_generic(edge)
+
+    async def _build_kubernetes(self, target: DriverTarget) -> tuple[ClusterDriver, Closer]:
+        from providers.kubernetes import KubernetesDriver, KubernetesOptions, load_api_client
+
+        opts = KubernetesOptions(**target.options)
+        # kubeconfig parsing (and the first import of the SDK, ~1 s) is blocking: off the loop
+        api = await asyncio.to_thread(load_api_client, opts)
+        driver = KubernetesDriver(target.name, opts, api_client=api)
+
+        async def close() -> None:
+            await asyncio.to_thread(api.close)
+
+        return driver, close
+
+    async def _drop(self, name: str) -> None:
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            return
+        if self._mirror is not None and self._mirror.get(name) is entry.driver:
+            del self._mirror[name]
+        try:
+            await entry.close()
+        except Exception:  # a failed close must not keep the registry stale; logged
+            log.exception("closing the driver of cluster %r failed", name)
+
+    async def _record_health(self, store: Store, records: Sequence[ClusterRecord],
+                             failed: Mapping[str, str]) -> None:
+        """Mark clusters without a driver unhealthy (with why); lift marks this registry set."""
+        changes: list[tuple[str, str | None]] = []
+        for rec in records:
+            name, had = rec.cluster.name, rec.attrs.get("driver_error")
+            if name in failed and (had != failed[name] or rec.cluster.healthy):
+                changes.append((name, failed[name]))
+            elif name not in failed and had:
+                changes.append((name, None))
+        if not changes:
+            return
+        async with store.unit() as uow:
+            for name, msg in changes:
+                await uow.clusters.set_attrs(name, {"driver_error": msg})
+                await uow.clusters.set_health(name, healthy=msg is None,
+                                              reason=msg or "driver built")
+
+    async def aclose(self) -> None:
+        """Close every driver this registry built and take them out of the mirror."""
+        async with self._lock:
+            for name in list(self._entries):
+                await self._drop(name)
+
+
+def _describe(name: str, exc: BaseException) -> str:
+    if isinstance(exc, DriverConfigError):
+        return str(exc.message)
+    text = exc.message if isinstance(exc, BrokerError) else str(exc)
+    return f"cluster {name!r}: {type(exc).__name__}: {text}"
+
+
+class DriverRefreshLoop:
+    """Refreshes a DriverRegistry every `interval_s`, so clusters registered later get drivers."""
+
+    name = "drivers"
+
+    def __init__(self, registry: DriverRegistry, store: Store, clock: Clock, *,
+                 interval_s: float = DEFAULT_REFRESH_S, close_on_stop: bool = False) -> None:
+        if interval_s <= 0:
+            raise ConfigError(f"driver refresh interval_s must be > 0, got {interval_s}")
+        self.registry = registry
+        self._store = store
+        self._clock = clock
+        self._interval_s = interval_s
+        self._close_on_stop = close_on_stop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    await self.registry.refresh(self._store)
+                except BrokerError as exc:  # the store is down: keep the drivers, try again
+                    log.warning("refreshing cluster drivers failed: %s", exc.message)
+                await _sleep_or_stop(self._clock, self._interval_s, stop)
+        finally:
+            if self._close_on_stop and stop.is_set():
+                await self.registry.aclose()
+
+
+async def _sleep_or_stop(clock: Clock, seconds: float, stop: asyncio.Event) -> None:
+    waiter = asyncio.ensure_future(stop.wait())
+    sleeper = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (waiter, sleeper):
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(waiter, sleeper, return_exceptions=True)
+
+
+# ---- wiring (broker/federation/registry.py) ---------------------------------------------
+def registry_of(services: Services) -> DriverRegistry:
+    """The broker's DriverRegistry, created on first use and kept in `services.extras`.
+
+    It mirrors into `services.drivers`, so code holding that dict sees its drivers too.
+    """
+    reg = services.extras.get(REGISTRY_KEY)
+    if not isinstance(reg, DriverRegistry):
+        extras = services.extras
+        reg = DriverRegistry(clock=services.clock, mirror=services.drivers,
+                             edge_factory=EdgeDriverFactory(lambda: extras.get("edge_hub")))
+        services.extras[REGISTRY_KEY] = reg
+    return reg
+
+
+async def install_drivers(services: Services) -> None:
+    """STARTUP_HOOKS entry: drivers for every registered cluster before any loop starts."""
+    await registry_of(services).refresh(services.store)
+
+
+def make_driver_refresh(services: Services) -> DriverRefreshLoop:
+    """LOOP_FACTORIES entry: keeps the registry in step with the store; closes it on stop."""
+    interval_s = float(services.extras.get("drivers_refresh_s", DEFAULT_REFRESH_S))
+    return DriverRefreshLoop(registry_of(services), services.store, services.clock,
+                             interval_s=interval_s, close_on_stop=True)

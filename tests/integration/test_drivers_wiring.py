@@ -1,0 +1,136 @@
+"""The registry wired into the broker as `broker/federation/registry.py` wires it: the startup
+hook fills `Services.drivers`, the dispatcher (which holds that dict) applies a placement on a
+registered kubernetes cluster, and the Deployment lands in kmock."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+
+from broker.app import Services, build_services
+from broker.domain import (
+    Assignment,
+    Cluster,
+    Placement,
+    Pool,
+    PricingModel,
+    Resources,
+    WorkloadKind,
+    WorkloadSpec,
+)
+from broker.federation.dispatcher import make_dispatcher
+from broker.federation.drivers import (
+    REGISTRY_KEY,
+    DriverRegistry,
+    install_drivers,
+    make_driver_refresh,
+    registry_of,
+)
+from broker.settings import load_settings
+from broker.store import migrate
+from providers.kubernetes import KubernetesDriver
+
+pytestmark = pytest.mark.integration
+
+NS = "skyfed"
+DEP_RES = kmock.resource("apps", "v1", "deployments")
+
+
+@pytest.fixture
+async def services(tmp_path: Path) -> AsyncIterator[Services]:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'skyfed.db'}"
+    await migrate.upgrade(url)
+    svc = build_services(load_settings(store={"url": url}, data_dir=tmp_path))
+    try:
+        yield svc
+    finally:
+        reg = svc.extras.get(REGISTRY_KEY)
+        if isinstance(reg, DriverRegistry):
+            await reg.aclose()
+        await svc.store.close()
+
+
+@pytest.fixture
+async def kube_server() -> AsyncIterator[tuple[Any, str]]:
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
+        with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
+            warnings.simplefilter("ignore", DeprecationWarning)
+            k.resources.load_bundled()
+        yield k, str(srv.url)
+
+
+def _cluster(name: str) -> Cluster:
+    return Cluster(name=name, provider="aws", region="us-east-1", pools=(
+        Pool(name="cpu", instance_type="c5.xlarge", node=Resources(4, 8, 0), nodes=1,
+             max_nodes=4, price_usd_per_hour=0.17),))
+
+
+async def test_startup_hook_fills_services_drivers_and_dispatch_lands_in_kmock(
+        services: Services, kube_server: tuple[Any, str], tmp_path: Path) -> None:
+    k, server = kube_server
+    kubeconfig = tmp_path / "kubeconfig.yaml"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: km\n  cluster:\n    server: {server}\n"
+        "users:\n- name: u\n  user:\n    token: not-a-secret\n"
+        "contexts:\n- name: km\n  context:\n    cluster: km\n    user: u\n"
+        "current-context: km\n")
+    spec = WorkloadSpec(name="web", kind=WorkloadKind.SERVICE, image="nginx:1.27", replicas=3,
+                        resources=Resources(0.5, 1.0, 0))
+    async with services.store.unit() as uow:
+        await uow.tenants.ensure("admin")
+        await uow.clusters.upsert(_cluster("sim-1"), tenant="admin")
+        await uow.clusters.upsert(_cluster("k8s-1"), tenant="admin",
+                                  attrs={"kubeconfig": str(kubeconfig)})
+        rec, _ = await uow.workloads.submit(tenant="admin", spec=spec)
+        wid = rec.workload.id
+        await uow.placements.record(Placement(workload_id=wid, cost_usd_per_hour=0.1, assignments=(
+            Assignment(cluster="k8s-1", pool="cpu", pricing=PricingModel.ON_DEMAND, replicas=3,
+                       price_usd_per_hour=0.1),)))
+        await uow.clusters.upsert(Cluster(name="edge-1", provider="edge", region="edge-1"),
+                                  tenant="admin")
+    dispatcher = make_dispatcher(services)  # built before the hook, as build_loops may do
+    await install_drivers(services)
+    assert sorted(services.drivers) == ["edge-1", "k8s-1", "sim-1"]
+    assert isinstance(services.drivers["k8s-1"], KubernetesDriver)
+    assert registry_of(services) is services.extras[REGISTRY_KEY]
+
+    assert await dispatcher.dispatch_once() == 1
+    deployments = [key for key in k.objects if key[0] == DEP_RES]
+    assert [key[1] for key in deployments] == [NS]
+    body = dict(k.objects[deployments[0]].raw)
+    assert body["metadata"]["labels"]["skyfed.io/workload-id"] == wid
+    assert body["spec"]["replicas"] == 3
+    assert body["metadata"]["labels"]["skyfed.io/cluster"] == "k8s-1"
+
+    hub = _Hub()
+    services.extras["edge_hub"] = hub  # the edge hub's factory publishes itself here, later
+    await services.drivers["edge-1"].delete(workload_id="w-9")
+    assert hub.sent == [("edge-1", "stop")]
+
+    loop = make_driver_refresh(services)
+    assert loop.registry is registry_of(services)
+    stop = asyncio.Event()
+    stop.set()  # an already-stopped loop closes the registry it owns
+    await loop.run(stop)
+    assert dict(services.drivers) == {}
+
+
+class _Hub:
+    """Stands in for broker.federation.edge_hub.EdgeHub's EdgeTransport side (no MQTT)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    async def send_command(self, *, site: str, kind: str, **_: Any) -> dict[str, Any]:
+        self.sent.append((site, kind))
+        return {"ok": True}
+
+    def site_services(self, *, site: str) -> dict[str, str] | None:
+        return {}
