@@ -19,10 +19,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import migrations as _migrations_pkg  # the Alembic scripts ship as a package
 from broker.errors import ConfigError, SchemaOutdatedError
 from broker.store.engine import create_engine, mapped_errors, parse_store_url
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = Path(_migrations_pkg.__file__).resolve().parent
 # Alembic announces its context on every schema check; only the steps are news.
 logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
 
