@@ -302,3 +302,7 @@ class FederationSnapshot:
     # names, `provider:region` keys or user-region names.
     rtt_ms: Mapping[tuple[str, str], float] = field(default_factory=dict)
     tenants: tuple[Tenant, ...] = ()
+    # Egress price of moving data from `a` to `b`, USD per GB: (a, b) -> price,
+    # keys are `provider:region` (or cluster names). Missing pairs fall back to
+    # the documented constants in broker/placement/candidates.py.
+    egress_usd_per_gb: Mapping[tuple[str, str], float] = field(default_factory=dict)

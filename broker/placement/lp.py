@@ -1,1 +1,489 @@
-"""Placeholder: filled in by the Placement work."""
+r"""The cost/latency placement program, built with numpy/scipy.sparse, solved by HiGHS.
+
+Model (one epoch; candidates.py supplies the feasible pairs and their costs)
+--------------------------------------------------------------------------
+Sets: W pending workloads; O options (cluster x pool x pricing); C(w) ⊆ O the
+pruned candidates of w; D(w) the spread domains of w's candidates; cl(o) the
+cluster of o; R = {cpu, memory, gpu}.
+
+Data: R_w replicas; d_{w,r} per-replica demand; c_{w,o} per-replica cost =
+compute + egress + latency + bias (candidates.py); P_w unplaced penalty per
+replica (ledger.unplaced_penalty: > every option's cost, x priority factor);
+h_r headroom (the policy's ratio for cpu and memory; 1 for GPUs, which are
+whole devices and never overcommitted); F_{o,r} free capacity (clipped at 0);
+N_{o,r} allocatable per node;
+A_o nodes the pool may add; Q_{c,r} quota headroom (vCPU, GPU) of cluster c;
+p_{w,o} USD/h per replica; B_t tenant budget; B_w workload budget.
+
+Variables: x_{w,o} ∈ Z≥0 replicas of w on o (o ∈ C(w)); u_w ∈ [0, R_w] unplaced;
+n_o ∈ Z, 0 ≤ n_o ≤ A_o new nodes; y_{w,d} ∈ {0,1} w uses domain d (only for
+workloads with spread or anti-affinity); m_w = min(min_domains, R_w),
+M_w = max_domains.
+
+    min  Σ_w Σ_{o∈C(w)} c_{w,o} x_{w,o} + Σ_w P_w u_w + ε Σ_o n_o
+    s.t. Σ_{o∈C(w)} x_{w,o} + u_w = R_w                          ∀w      (demand)
+         Σ_w d_{w,r} x_{w,o} - h_r N_{o,r} n_o ≤ h_r F_{o,r}           ∀o,r    (capacity)
+         Σ_{o: cl(o)=c} N_{o,r} n_o ≤ Q_{c,r}                      ∀c,r∈{cpu,gpu} (quota)
+         Σ_{w∈t} Σ_o p_{w,o} x_{w,o} ≤ B_t                         ∀t      (budget)
+         Σ_o p_{w,o} x_{w,o} ≤ B_w                                 ∀w      (budget)
+         x_{w,o} ≤ R_w y_{w,d(o)}                                  ∀w,o    (spread link)
+         y_{w,d} ≤ Σ_{o: d(o)=d} x_{w,o}                           ∀w,d    (spread link)
+         R_w Σ_d y_{w,d} + m_w u_w ≥ m_w R_w                       ∀w      (spread min)
+         Σ_d y_{w,d} ≤ M_w                                         ∀w      (spread max)
+         y_{a,c} + y_{b,c} ≤ 1                     ∀ a avoids b, c cluster (anti-affinity)
+
+The slack u makes the program always feasible; an unplaced replica's reason
+is the family whose rows bind (planner.py). Per-pair constraints (RTT <= SLO,
+GPU model/topology, taints, affinity labels, spot_ok, health) are already
+applied by dropping infeasible pairs.
+
+Solving strategy
+----------------
+1. LP relaxation with HiGHS (simplex; row duals = shadow prices for explain.py).
+2. Column generation (pricing.py): options pruned away by top-k whose reduced
+   cost c - A'y is negative are added and the LP re-solved warm, until none
+   prices out (then the bound is that of the unpruned program) or the time
+   budget ends (then `lagrangian_bound` is the valid bound).
+3. Two roundings (rounding.py) through the integer `Ledger` (which recomputes n and
+   respects every coupling constraint): the floor of x loaded most valuable
+   workload first, then repaired; and an LP-guided greedy. The greedy
+   incumbent is the third candidate; the cheapest wins.
+4. gap = (best - bound) / |bound|. Only when it exceeds the target, a
+   time-boxed MIP (HiGHS branch-and-cut, warm-started from the best
+   rounding); its dual bound tightens `bound`, its solution is kept if cheaper.
+   Because greedy is a candidate, the result is never worse than greedy's.
+
+PuLP is the solver-agnostic back-end (`solver="pulp-cbc" | "pulp-glpk" |
+"pulp-highs" | "pulp-gurobi" | "pulp-cplex"`, and `lp_path` writes the model as
+an LP file for debugging); it solves the same matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quota_headroom
+from broker.placement.ledger import NEW_NODE_EPSILON_USD, conflicts
+
+_RES = ("cpu", "memory", "gpu")
+
+
+class SolverError(Exception):
+    """The chosen solver back-end is unknown or failed outright (not infeasibility)."""
+
+
+@dataclass(slots=True)
+class Model:
+    """The matrix form: min c'x s.t. row_lo <= A x <= row_hi, col_lo <= x <= col_hi."""
+
+    cost: FloatArray
+    col_lo: FloatArray
+    col_hi: FloatArray
+    integer: IntArray  # 1 = integer column
+    a: sp.csc_matrix
+    row_lo: FloatArray
+    row_hi: FloatArray
+    row_names: list[tuple[str, str]]  # (family, key)
+    x_w: IntArray  # workload of each x column
+    x_o: IntArray  # option of each x column
+    n_x: int
+    u_start: int
+    n_start: int
+    n_opts: IntArray  # option of each n column
+    y_start: int
+    n_y: int
+    y_keys: list[tuple[int, str, str]]  # (workload, "spread"|"cluster", domain) per y column
+    cap_rows: dict[tuple[int, int], int] = field(default_factory=dict)  # (option, res) -> row
+    budget_rows: dict[str, int] = field(default_factory=dict)  # tenant -> row
+
+
+@dataclass(slots=True)
+class Relaxation:
+    status: str
+    objective: float
+    x: FloatArray
+    row_dual: FloatArray
+    solve_s: float
+
+
+@dataclass(slots=True)
+class MipResult:
+    status: str
+    objective: float | None
+    bound: float | None
+    x: FloatArray | None
+    solve_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class _Rows:
+    """COO accumulator for the constraint matrix."""
+
+    def __init__(self) -> None:
+        self.r: list[IntArray] = []
+        self.c: list[IntArray] = []
+        self.v: list[FloatArray] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+        self.names: list[tuple[str, str]] = []
+
+    def add(self, cols: Sequence[int] | IntArray, vals: Sequence[float] | FloatArray,
+            lo: float, hi: float, name: tuple[str, str]) -> None:
+        row = len(self.lo)
+        cols_a = np.asarray(cols, dtype=np.int64)
+        self.r.append(np.full(cols_a.size, row, dtype=np.int64))
+        self.c.append(cols_a)
+        self.v.append(np.asarray(vals, dtype=np.float64))
+        self.lo.append(lo)
+        self.hi.append(hi)
+        self.names.append(name)
+
+
+def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -> Model:
+    """Assemble the matrix of the module docstring from a candidate set."""
+    n_w = len(cs.workloads)
+    replicas = cs.replicas
+    lens = np.array([c.size for c in cs.cand], dtype=np.int64)
+    x_w = np.repeat(np.arange(n_w, dtype=np.int64), lens)
+    x_o = np.concatenate(cs.cand).astype(np.int64) if n_w else np.zeros(0, dtype=np.int64)
+    n_x = x_w.size
+    u_start = n_x
+    # Every option gets its n column and capacity rows, used by a column or not,
+    # so the row set does not depend on the candidates (pricing.py adds columns
+    # to a solved model and maps the solution onto a rebuilt one row for row).
+    used_opts = np.arange(len(cs.options), dtype=np.int64)
+    n_start = u_start + n_w
+    n_col_of = {int(o): n_start + k for k, o in enumerate(used_opts)}
+    y_start = n_start + used_opts.size
+    inf = math.inf
+    rows = _Rows()
+    # demand rows 0..W-1 (vectorised): row w holds w's x columns and u_w
+    starts = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+    rows.r.append(np.concatenate((x_w, np.arange(n_w, dtype=np.int64))))
+    rows.c.append(np.concatenate((np.arange(n_x, dtype=np.int64),
+                                  u_start + np.arange(n_w, dtype=np.int64))))
+    rows.v.append(np.ones(n_x + n_w))
+    rows.lo.extend(float(r) for r in replicas)
+    rows.hi.extend(float(r) for r in replicas)
+    rows.names.extend(("demand", w.id) for w in cs.workloads)
+    cap_rows = _capacity_rows(cs, rows, x_w, x_o, used_opts, n_col_of)
+    _quota_rows(cs, rows, used_opts, n_col_of)
+    budget_rows = _budget_rows(cs, rows, x_w, x_o, tenant_budgets)
+    y_keys = _spread_rows(cs, rows, x_w, x_o, starts, u_start, y_start)
+    n_y = len(y_keys)
+    n_col = y_start + n_y
+    cost = np.zeros(n_col)
+    cost[:n_x] = cs.cost[x_w, x_o]
+    cost[u_start:n_start] = pen
+    cost[n_start:y_start] = NEW_NODE_EPSILON_USD
+    col_lo = np.zeros(n_col)
+    col_hi = np.full(n_col, inf)
+    # x <= R_w is implied by the demand row; an explicit bound would make the
+    # demand duals degenerate (and reduced-cost pricing useless).
+    col_hi[:n_x] = inf
+    col_hi[u_start:n_start] = replicas
+    node_hi = _node_bounds(cs, used_opts)
+    col_hi[n_start:y_start] = node_hi
+    col_hi[:n_x] = _fit_bounds(cs, x_w, x_o, used_opts, node_hi)
+    col_hi[y_start:] = 1.0
+    integer = np.ones(n_col, dtype=np.int64)
+    integer[u_start:n_start] = 0
+    if rows.r:
+        r_all = np.concatenate(rows.r)
+        c_all = np.concatenate(rows.c)
+        v_all = np.concatenate(rows.v)
+    else:
+        r_all = c_all = np.zeros(0, dtype=np.int64)
+        v_all = np.zeros(0)
+    a = sp.csc_matrix((v_all, (r_all, c_all)), shape=(len(rows.lo), n_col))
+    a.sum_duplicates()
+    return Model(cost=cost, col_lo=col_lo, col_hi=col_hi, integer=integer, a=a,
+                 row_lo=np.array(rows.lo), row_hi=np.array(rows.hi), row_names=rows.names,
+                 x_w=x_w, x_o=x_o, n_x=n_x, u_start=u_start, n_start=n_start,
+                 n_opts=used_opts.astype(np.int64), y_start=y_start, n_y=n_y,
+                 y_keys=y_keys, cap_rows=cap_rows, budget_rows=budget_rows)
+
+
+def _node_bounds(cs: CandidateSet, used_opts: IntArray) -> FloatArray:
+    """n_o <= min(can_add, floor(quota / node size)): valid for integer n, and it keeps
+    the relaxation from buying a fraction of a node the quota cannot fit whole."""
+    node = cs.option_node()
+    out = np.zeros(used_opts.size)
+    quotas: dict[str, tuple[float | None, float | None]] = {}
+    for k, o in enumerate(used_opts):
+        opt = cs.options[int(o)]
+        cname = opt.cluster.name
+        if cname not in quotas:
+            quotas[cname] = quota_headroom(opt.cluster, cs.options)
+        bound = float(opt.pool.can_add_nodes)
+        for left, dim in ((quotas[cname][0], 0), (quotas[cname][1], 2)):
+            if left is not None and node[int(o), dim] > 0:
+                bound = min(bound, math.floor(left / node[int(o), dim] + 1e-9))
+        out[k] = max(0.0, bound)
+    return out
+
+
+def _fit_bounds(cs: CandidateSet, x_w: IntArray, x_o: IntArray, used_opts: IntArray,
+                node_hi: FloatArray) -> FloatArray:
+    """x[w,o] <= floor(most the pool could ever hold / d[w]) where that is below R[w].
+
+    A cut that is valid for integer x (w alone, with every addable node) and
+    removes the relaxation's favourite cheat: half a 2-GPU job in a pool with
+    one GPU free. Where it does not bind, the column stays unbounded (x <= R
+    is implied, and an explicit copy would only make the demand duals degenerate).
+    """
+    hv = cs.headroom_vec()
+    node = cs.option_node()
+    most = np.zeros((len(cs.options), 3))
+    for k, o in enumerate(used_opts):
+        pool = cs.options[int(o)].pool
+        free = np.array([max(0.0, pool.free.cpu), max(0.0, pool.free.memory_gib),
+                         max(0.0, float(pool.free.gpu))])
+        most[int(o)] = hv * (free + node_hi[k] * node[int(o)])
+    d = cs.demand[x_w]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exact = np.where(d > 0, most[x_o] / np.where(d > 0, d, 1.0), np.inf).min(axis=1)
+    fit = np.floor(exact + 1e-9)
+    # Only where it cuts something off (capacity not a multiple of the demand): an
+    # integral bound adds nothing and would take the shadow price from the row.
+    cuts = (fit < cs.replicas[x_w]) & (fit < exact - 1e-9)
+    return np.where(cuts, fit, math.inf)
+
+
+def _capacity_rows(cs: CandidateSet, rows: _Rows, x_w: IntArray, x_o: IntArray,
+                   used_opts: IntArray, n_col_of: dict[int, int]) -> dict[tuple[int, int], int]:
+    hv = cs.headroom_vec()
+    out: dict[tuple[int, int], int] = {}
+    node = cs.option_node()
+    order = np.argsort(x_o, kind="stable")
+    bounds = np.searchsorted(x_o[order], used_opts, side="left")
+    ends = np.searchsorted(x_o[order], used_opts, side="right")
+    for k, o in enumerate(used_opts):
+        cols = order[bounds[k]:ends[k]]
+        pool = cs.options[int(o)].pool
+        rhs = (hv[0] * max(0.0, pool.free.cpu), hv[1] * max(0.0, pool.free.memory_gib),
+               hv[2] * max(0.0, float(pool.free.gpu)))
+        for r in range(3):
+            d = cs.demand[x_w[cols], r]
+            if node[int(o), r] <= 0:
+                continue
+            all_cols = np.append(cols, n_col_of[int(o)])
+            vals = np.append(d, -hv[r] * node[int(o), r])
+            out[(int(o), r)] = len(rows.lo)
+            rows.add(all_cols, vals, -math.inf, rhs[r],
+                     ("capacity", f"{cs.options[int(o)].key}:{_RES[r]}"))
+    return out
+
+
+def _quota_rows(cs: CandidateSet, rows: _Rows, used_opts: IntArray,
+                n_col_of: dict[int, int]) -> None:
+    node = cs.option_node()
+    by_cluster: dict[str, list[int]] = {}
+    for o in used_opts:
+        by_cluster.setdefault(cs.options[int(o)].cluster.name, []).append(int(o))
+    for opts in by_cluster.values():
+        cluster = cs.options[opts[0]].cluster
+        q_cpu, q_gpu = quota_headroom(cluster, cs.options)
+        for left, dim, unit in ((q_cpu, 0, "vcpu"), (q_gpu, 2, "gpu")):
+            if left is None:
+                continue
+            cols = [n_col_of[o] for o in opts if node[o, dim] > 0]
+            if cols:
+                vals = [node[o, dim] for o in opts if node[o, dim] > 0]
+                rows.add(cols, vals, -math.inf, left, ("quota", f"{cluster.name}:{unit}"))
+
+
+def _budget_rows(cs: CandidateSet, rows: _Rows, x_w: IntArray, x_o: IntArray,
+                 tenant_budgets: dict[str, float]) -> dict[str, int]:
+    price = cs.usd_per_hour[x_w, x_o]
+    out: dict[str, int] = {}
+    tenants = np.array([cs.workloads[int(w)].tenant for w in x_w], dtype=object)
+    in_batch = {w.tenant for w in cs.workloads}
+    for tenant, budget in tenant_budgets.items():
+        cols = np.flatnonzero(tenants == tenant)
+        if tenant in in_batch:
+            out[tenant] = len(rows.lo)
+            rows.add(cols, price[cols], -math.inf, budget, ("budget", f"tenant:{tenant}"))
+    for w, wl in enumerate(cs.workloads):
+        if wl.spec.budget_usd_per_hour is not None:
+            cols = np.flatnonzero(x_w == w)
+            rows.add(cols, price[cols], -math.inf, wl.spec.budget_usd_per_hour,
+                     ("budget", f"workload:{wl.id}"))
+    return out
+
+
+def _spread_rows(cs: CandidateSet, rows: _Rows, x_w: IntArray, x_o: IntArray,
+                 starts: IntArray, u_start: int,
+                 y_start: int) -> list[tuple[int, str, str]]:
+    """Spread and anti-affinity rows; returns the key of every y column made."""
+    confl = conflicts(cs.workloads)
+    y_col: dict[tuple[int, str, str], int] = {}
+
+    def y(w: int, kind: str, key: str) -> int:
+        return y_col.setdefault((w, kind, key), y_start + len(y_col))
+
+    for w, wl in enumerate(cs.workloads):
+        spread = wl.spec.spread
+        cols = np.arange(starts[w], starts[w + 1])
+        r = float(cs.replicas[w])
+        if spread is not None and cs.domain[w] and (
+                spread.min_domains > 1 or spread.max_domains is not None):
+            dom_cols: dict[str, list[int]] = {}
+            for c in cols:
+                dom_cols.setdefault(cs.domain[w][int(x_o[c])], []).append(int(c))
+            ys = []
+            for dom, dc in dom_cols.items():
+                yc = y(w, "spread", dom)
+                ys.append(yc)
+                for c in dc:
+                    rows.add([c, yc], [1.0, -r], -math.inf, 0.0, ("spread", wl.id))
+                rows.add([yc, *dc], [1.0] + [-1.0] * len(dc), -math.inf, 0.0,
+                         ("spread", wl.id))
+            m = float(min(spread.min_domains, int(r))) if r > 0 else 0.0
+            if m > 1:
+                rows.add([*ys, u_start + w], [r] * len(ys) + [m], m * r, math.inf,
+                         ("spread", wl.id))
+            if spread.max_domains is not None:
+                rows.add(ys, [1.0] * len(ys), -math.inf, float(spread.max_domains),
+                         ("spread", wl.id))
+        if confl[w]:
+            for c in cols:
+                cname = cs.options[int(x_o[c])].cluster.name
+                rows.add([int(c), y(w, "cluster", cname)], [1.0, -r], -math.inf, 0.0,
+                         ("anti-affinity", wl.id))
+    for w in range(len(cs.workloads)):
+        for v in confl[w]:
+            if v <= w:
+                continue
+            for (ww, kind, key), col in list(y_col.items()):
+                if ww == w and kind == "cluster" and (v, "cluster", key) in y_col:
+                    rows.add([col, y_col[(v, "cluster", key)]], [1.0, 1.0], -math.inf, 1.0,
+                             ("anti-affinity", f"{cs.workloads[w].id}|{cs.workloads[v].id}"))
+    return sorted(y_col, key=lambda k: y_col[k])
+
+
+def _highs(model: Model, *, integer: bool, time_limit_s: float, mip_gap: float) -> object:
+    import highspy
+
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", max(0.01, float(time_limit_s)))
+    if integer:
+        h.setOptionValue("mip_rel_gap", float(mip_gap))
+    a = model.a
+    n_col, n_row = a.shape[1], a.shape[0]
+    integrality = (model.integer if integer else np.zeros(n_col, dtype=np.int64)).astype(
+        np.int32)
+    h.passModel(n_col, n_row, int(a.nnz), 1, 1, 0.0, model.cost, model.col_lo, model.col_hi,
+                model.row_lo, model.row_hi, a.indptr.astype(np.int32),
+                a.indices.astype(np.int32), a.data.astype(np.float64), integrality)
+    return h
+
+
+def new_highs(model: Model, *, time_limit_s: float) -> Any:
+    """A HiGHS instance holding the LP relaxation of `model` (not yet solved)."""
+    return _highs(model, integer=False, time_limit_s=time_limit_s, mip_gap=0.0)
+
+
+def run_relaxation(h: Any, model: Model, t0: float, *, n_extra: int = 0) -> Relaxation:
+    """(Re-)solve the LP held by `h`, warm from its last basis; `n_extra` columns were added."""
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus()).lower()
+    sol = h.getSolution()
+    x = np.asarray(sol.col_value, dtype=np.float64)
+    duals = np.asarray(sol.row_dual, dtype=np.float64)
+    obj = float(h.getInfo().objective_function_value)
+    if x.size != model.cost.size + n_extra or status != "optimal":
+        raise SolverError(f"HiGHS did not solve the LP relaxation (status {status}); "
+                          "raise PlannerConfig.lp_time_limit_s")
+    return Relaxation(status=status, objective=obj, x=x, row_dual=duals,
+                      solve_s=time.perf_counter() - t0)
+
+
+def solve_relaxation(model: Model, *, time_limit_s: float) -> Relaxation:
+    """LP relaxation with HiGHS: objective (a lower bound), primal x, row duals."""
+    t0 = time.perf_counter()
+    return run_relaxation(new_highs(model, time_limit_s=time_limit_s), model, t0)
+
+
+def solve_mip(model: Model, start: FloatArray | None, *, time_limit_s: float,
+              mip_gap: float) -> MipResult:
+    """Time-boxed MIP, warm-started; reports the dual bound so the gap is honest."""
+    t0 = time.perf_counter()
+    h = _highs(model, integer=True, time_limit_s=time_limit_s, mip_gap=mip_gap)
+    if start is not None:
+        import highspy
+
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        h.setSolution(sol)  # type: ignore[attr-defined]
+    h.run()  # type: ignore[attr-defined]
+    status = h.modelStatusToString(h.getModelStatus()).lower()  # type: ignore[attr-defined]
+    info = h.getInfo()  # type: ignore[attr-defined]
+    x = np.asarray(h.getSolution().col_value, dtype=np.float64)  # type: ignore[attr-defined]
+    has_sol = int(info.primal_solution_status) >= 2 and x.size == model.cost.size
+    return MipResult(
+        status="time_limit" if "time limit" in status else status,
+        objective=float(info.objective_function_value) if has_sol else None,
+        bound=float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None,
+        x=x if has_sol else None, solve_s=time.perf_counter() - t0)
+
+
+def reduced_costs(cs: CandidateSet, model: Model, relax: Relaxation, *,
+                  for_bound: bool = False) -> FloatArray:
+    """c - A'y for every feasible (workload, option) pair, in or out of the model.
+
+    Options without capacity rows yet have zero capacity duals (nothing binds
+    there). For pricing, columns of workloads with spread/anti-affinity/own
+    budget rows are not priced (their link rows would change): +inf. With
+    `for_bound`, they get a lower estimate instead (minus the largest |dual|
+    of their own rows), so the Lagrangian bound built on it stays valid.
+    """
+    n_w, n_o = cs.cost.shape
+    y = relax.row_dual
+    cap_dual = np.zeros((n_o, 3))
+    for (o, r), row in model.cap_rows.items():
+        cap_dual[o, r] = y[row]
+    rc = cs.cost - y[:n_w, None] - cs.demand @ cap_dual.T
+    if model.budget_rows:
+        tenants = [w.tenant for w in cs.workloads]
+        t_dual = np.array([y[model.budget_rows[t]] if t in model.budget_rows else 0.0
+                           for t in tenants])
+        rc -= t_dual[:, None] * cs.usd_per_hour
+    linked = np.array([w.spec.spread is not None or bool(w.spec.avoid_workloads)
+                       or w.spec.budget_usd_per_hour is not None for w in cs.workloads],
+                      dtype=bool)
+    if not for_bound:
+        rc[linked] = np.inf
+    elif linked.any():
+        ids = {w.id: i for i, w in enumerate(cs.workloads)}
+        worst = np.zeros(n_w)
+        for r, (family, key) in enumerate(model.row_names):
+            if family in ("spread", "anti-affinity", "budget"):
+                for part in key.removeprefix("workload:").split("|"):
+                    i = ids.get(part)
+                    if i is not None:
+                        worst[i] = max(worst[i], abs(float(y[r])))
+        rc -= worst[:, None]
+    return np.where(cs.feasible, rc, np.inf)
+
+
+def lagrangian_bound(cs: CandidateSet, model: Model, relax: Relaxation) -> float:
+    """A valid lower bound when pricing stopped early (Lasdon's column-generation bound).
+
+    z* >= z_RMP + sum_w R_w x min(0, least reduced cost of w's columns not in
+    the model): any full solution can move at most R_w replicas of w onto
+    outside columns. Equal to the LP value once no column prices out.
+    """
+    rc = reduced_costs(cs, model, relax, for_bound=True)
+    rc[model.x_w, model.x_o] = np.inf
+    least = np.min(rc, axis=1, initial=np.inf) if rc.size else np.zeros(0)
+    gain = np.minimum(0.0, np.where(np.isfinite(least), least, 0.0))
+    return float(relax.objective + float(cs.replicas @ gain))

@@ -1,8 +1,8 @@
 """One epoch's decisions from a snapshot of state: the functional core.
 
 INTERFACE FIXED EARLY so the live loop (broker/federation) and the twin
-(broker/sim) can be built against it in parallel; the Placement work fills in
-the body. Keep these names and fields stable; add fields with defaults.
+(broker/sim) can be built against it in parallel. Keep these names and fields
+stable; add fields with defaults.
 
     plan = plan_epoch(snapshot, action, config, policy="lp")
 
@@ -14,20 +14,36 @@ the body. Keep these names and fields stable; add fields with defaults.
   selectCloudProvider), "traditional" (filter + least-allocated/balanced
   scoring with static cluster weights). Same inputs, same output type.
 
-Pure: no I/O, no clock reads, no globals, inputs never mutated.
+Pure: no I/O, no clock reads except `time.perf_counter` for the reported
+build/solve durations (they never change a decision, apart from the MIP time
+box), no globals, inputs never mutated.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from broker.domain import FederationSnapshot, Placement, PolicyAction
+from broker.placement import explain, lp, pricing, rounding
+from broker.placement.baselines import greedy, traditional
+from broker.placement.candidates import CandidateSet, build_candidates
+from broker.placement.ledger import Ledger, penalties
+
+POLICIES = ("lp", "greedy", "traditional")
+
+
+class PlannerError(ValueError):
+    """Bad planner input: an unknown policy or solver, a workload not in the batch."""
 
 
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
-    solver: str = "highs"
+    solver: str = "highs"  # highs | pulp-cbc | pulp-glpk | pulp-highs | pulp-gurobi | pulp-cplex
     k_candidates: int = 8
     mip_gap: float = 0.01
     time_limit_s: float = 5.0
@@ -36,6 +52,25 @@ class PlannerConfig:
     service_horizon_h: float = 1.0
     # Static per-cluster weights for the "traditional" baseline (Karmada-style).
     static_weights: Mapping[str, float] = field(default_factory=dict)
+    # Write the LP model here (LP format, PuLP back-end) for debugging; "" = don't.
+    lp_path: str = ""
+    # Seed the LP's incumbent with the greedy solution (LP never worse than greedy).
+    greedy_incumbent: bool = True
+    # Attach a decision record (explain.py) to every placement.
+    explain: bool = True
+    # Column generation: rounds of reduced-cost pricing over the pruned-away
+    # options, and columns added per workload per round (0 rounds = plain top-k).
+    pricing_rounds: int = 8
+    pricing_columns: int = 4
+    # Stop pricing when a round improves the bound by less than this fraction,
+    # or when it would take the solve past this fraction of time_limit_s.
+    pricing_min_gain: float = 0.001
+    pricing_time_frac: float = 0.3
+    # Time box of the ejection moves after rounding (fraction of time_limit_s).
+    improve_time_frac: float = 0.1
+    # The LP relaxation must finish (its x guides the rounding, its value is the
+    # bound): a separate, generous limit; `time_limit_s` boxes pricing + MIP.
+    lp_time_limit_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +82,7 @@ class PoolScale:
 
 @dataclass(frozen=True, slots=True)
 class SolveStats:
-    status: str  # optimal | time_limit | infeasible | heuristic
+    status: str  # optimal | time_limit | heuristic | lp_failed (greedy fallback)
     objective: float
     lp_bound: float | None
     gap: float | None
@@ -55,6 +90,13 @@ class SolveStats:
     solve_s: float
     variables: int = 0
     constraints: int = 0
+    # Which stage produced the kept solution: rounded | mip | greedy | heuristic.
+    source: str = ""
+    mip_used: bool = False
+    pricing_rounds: int = 0
+    heuristic_objective: float | None = None  # best rounding before any MIP
+    # max(LP bound, MIP dual bound); `gap` is measured against it.
+    best_bound: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,4 +115,146 @@ def plan_epoch(
     policy: str = "lp",
 ) -> EpochPlan:
     """Decide this epoch's placements. See the module docstring."""
-    raise NotImplementedError("filled in by the Placement work")
+    if policy not in POLICIES:
+        raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    t0 = time.perf_counter()
+    cs = build_candidates(snapshot, action, k=config.k_candidates,
+                          service_horizon_h=config.service_horizon_h)
+    return plan_candidates(cs, snapshot, config, policy=policy,
+                           candidates_s=time.perf_counter() - t0)
+
+
+def plan_candidates(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,
+                    *, policy: str, candidates_s: float = 0.0) -> EpochPlan:
+    """The solve half of plan_epoch, on a candidate set the caller may have narrowed."""
+    pen = penalties(cs, config.unplaced_penalty_usd)
+    t1 = time.perf_counter()
+    relax: lp.Relaxation | None = None
+    model: lp.Model | None = None
+    if policy == "greedy":
+        ledger = greedy(cs, snapshot)
+        stats = _heuristic_stats(ledger, pen, candidates_s, time.perf_counter() - t1)
+    elif policy == "traditional":
+        ledger = traditional(cs, snapshot, config.static_weights)
+        stats = _heuristic_stats(ledger, pen, candidates_s, time.perf_counter() - t1)
+    else:
+        ledger, stats, relax, model = _solve_lp(cs, snapshot, config, pen, candidates_s)
+    return explain.assemble(cs, ledger, pen, stats, relax, model, policy=policy,
+                            with_records=config.explain)
+
+
+def _heuristic_stats(ledger: Ledger, pen: np.ndarray, build_s: float,
+                     solve_s: float) -> SolveStats:
+    return SolveStats(status="heuristic", objective=ledger.objective(pen), lp_bound=None,
+                      gap=None, build_s=build_s, solve_s=solve_s, source="heuristic")
+
+
+def _gap(objective: float, bound: float) -> float:
+    return max(0.0, objective - bound) / max(abs(bound), 1e-9)
+
+
+def _with_greedy_columns(cs: CandidateSet, g: Ledger) -> CandidateSet:
+    """Add the options greedy used to each workload's candidates (cheapest first)."""
+    cand = []
+    for w, idx in enumerate(cs.cand):
+        extra = np.array(sorted(g.x[w]), dtype=np.int64)
+        merged = np.union1d(idx, extra) if extra.size else idx
+        cand.append(merged[np.argsort(cs.cost[w, merged], kind="stable")].astype(np.int64))
+    return dataclasses.replace(cs, cand=tuple(cand))
+
+
+def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,
+              pen: np.ndarray, candidates_s: float
+              ) -> tuple[Ledger, SolveStats, lp.Relaxation | None, lp.Model]:
+    """Price, relax, round, repair; MIP only when the gap is above target."""
+    t0 = time.perf_counter()
+    g = greedy(cs, snapshot) if config.greedy_incumbent else None
+    if g is not None:
+        cs = _with_greedy_columns(cs, g)
+    budgets = {t.name: t.budget_usd_per_hour for t in snapshot.tenants
+               if t.budget_usd_per_hour is not None}
+    model = lp.build(cs, pen, budgets)
+    build_s = candidates_s + time.perf_counter() - t0
+    if config.solver != "highs":
+        from broker.placement import pulp_backend
+
+        return pulp_backend.solve(cs, snapshot, model, pen, config, build_s, g)
+    t1 = time.perf_counter()
+    if model.cost.size == 0:
+        ledger = Ledger(cs, snapshot)
+        obj = ledger.objective(pen)
+        return ledger, SolveStats("optimal", obj, obj, 0.0, build_s, 0.0, source="empty"), \
+            None, model
+    try:
+        priced = pricing.generate(
+            cs, pen, budgets, model, rounds=config.pricing_rounds,
+            per_workload=config.pricing_columns,
+            min_gain=config.pricing_min_gain,
+            budget_s=config.pricing_time_frac * config.time_limit_s,
+            lp_time_limit_s=config.lp_time_limit_s,
+            start=rounding.to_columns(g, model) if g is not None else None)
+    except lp.SolverError:
+        # Never leave an epoch without a plan: fall back to the greedy incumbent.
+        fallback = g if g is not None else greedy(cs, snapshot)
+        obj = fallback.objective(pen)
+        return fallback, SolveStats("lp_failed", obj, None, None, build_s,
+                                    time.perf_counter() - t1, source="greedy"), None, model
+    cs, model, relax, rounds = priced.cs, priced.model, priced.relax, priced.rounds
+    # The restricted LP's value bounds the full problem only once no column
+    # prices out; otherwise use the Lagrangian bound (<= the LP value).
+    bound = relax.objective if priced.converged else \
+        min(relax.objective, lp.lagrangian_bound(cs, model, relax))
+    best_bound = bound
+    status = "optimal" if relax.status == "optimal" else relax.status
+    best, source, best_obj = _round(cs, snapshot, model, relax, pen, g,
+                                    improve_s=config.improve_time_frac * config.time_limit_s)
+    heuristic_obj = best_obj
+    mip_used = False
+    left_s = config.time_limit_s - (time.perf_counter() - t1)
+    if _gap(best_obj, bound) > config.mip_gap and left_s > 0.05:
+        mip_used = True
+        mip = lp.solve_mip(model, rounding.to_columns(best, model), time_limit_s=left_s,
+                           mip_gap=config.mip_gap)
+        if mip.bound is not None:
+            best_bound = max(bound, mip.bound)
+        if mip.x is not None:
+            cand = Ledger(cs, snapshot)
+            rounding.load_integer(cand, model, mip.x, floor=False)
+            rounding.repair(cand, model, mip.x, pen)
+            if cand.objective(pen) < best_obj - 1e-9:
+                best, source, best_obj = cand, "mip", cand.objective(pen)
+        status = "time_limit" if mip.status == "time_limit" else status
+    stats = SolveStats(status=status, objective=best_obj, lp_bound=bound,
+                       gap=_gap(best_obj, best_bound), build_s=build_s,
+                       solve_s=time.perf_counter() - t1, variables=int(model.cost.size),
+                       constraints=int(model.a.shape[0]), source=source, mip_used=mip_used,
+                       pricing_rounds=rounds, heuristic_objective=heuristic_obj,
+                       best_bound=best_bound)
+    return best, stats, relax, model
+
+
+def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
+           relax: lp.Relaxation, pen: np.ndarray, g: Ledger | None, *,
+           improve_s: float = 0.0) -> tuple[Ledger, str, float]:
+    """Integer solutions from the relaxation; the cheapest wins, then local moves.
+
+    - "rounded": floor of the LP, most valuable workloads first, then repair;
+    - "guided": LP-guided greedy (most valuable, least flexible first);
+    - "greedy": the greedy incumbent (so the LP is never worse than greedy);
+    then rounding.improve's ejection moves for what is still unplaced
+    ("+moves" in the source when any was kept; they only lower the objective).
+    """
+    tries: list[tuple[Ledger, str]] = []
+    floor = Ledger(cs, snapshot)
+    rounding.load_integer(floor, model, relax.x, floor=True, pen=pen)
+    rounding.repair(floor, model, relax.x, pen)
+    tries.append((floor, "rounded"))
+    guided = Ledger(cs, snapshot)
+    rounding.guided(guided, model, relax.x, pen)
+    tries.append((guided, "guided"))
+    if g is not None:
+        tries.append((g, "greedy"))
+    best, source = min(tries, key=lambda t: t[0].objective(pen))
+    if improve_s > 0 and rounding.improve(best, pen, budget_s=improve_s) > 0:
+        source += "+moves"
+    return best, source, best.objective(pen)

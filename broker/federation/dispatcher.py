@@ -1,0 +1,159 @@
+"""The dispatcher: applies written placements through each cluster's ClusterDriver.
+
+Idempotency is what makes crashes harmless. A placement is marked dispatched
+only AFTER every assignment was applied; a crash in between leaves it
+undispatched, so the next pass applies it again, and `ClusterDriver.apply`
+is keyed by workload id (applying the same spec twice is the same as once).
+Nothing is lost (the placement row was committed by the placement loop
+before any apply) and nothing runs twice.
+
+Retries: a retryable ProviderError (throttling, transient) is retried with
+exponential backoff (tenacity) inside one pass; what still fails is counted
+on the placement (`record_dispatch_failure`); after `max_attempts` passes the
+workload goes back to pending (requeue) so the planner picks another option.
+A cluster without a driver counts as a failure that names the cluster.
+
+Cancelled workloads whose placement was applied are deleted from their
+clusters and the placement retired (`list_to_withdraw`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from broker.clock import Clock
+from broker.domain import Workload
+from broker.store import PlacementRecord, Store
+from providers.base import ApplySpec, ClusterDriver
+from providers.errors import ProviderError
+
+if TYPE_CHECKING:
+    from broker.app import Services
+
+log = logging.getLogger(__name__)
+
+
+class DispatchError(Exception):
+    """One assignment could not be applied; names the cluster."""
+
+
+def apply_spec(workload: Workload, cluster: str, pool: str, replicas: int) -> ApplySpec:
+    """The driver's view of one assignment of a placed workload."""
+    spec = workload.spec
+    return ApplySpec(
+        workload_id=workload.id, tenant=workload.tenant, name=spec.name, kind=str(spec.kind),
+        image=spec.image, replicas=replicas, cpu=spec.resources.cpu,
+        memory_gib=spec.resources.memory_gib, gpu=spec.resources.gpu, pool=pool,
+        node_selector={"skyfed.io/pool": pool},
+        tolerations=tuple({"key": t.key, "operator": t.operator, "value": t.value,
+                           "effect": t.effect} for t in spec.tolerations),
+        labels={**spec.labels, "skyfed.io/workload": workload.id,
+                "skyfed.io/tenant": workload.tenant, "skyfed.io/cluster": cluster},
+        env=dict(spec.env), command=tuple(spec.command))
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.retryable
+
+
+class Dispatcher:
+    """See the module docstring."""
+
+    name = "dispatcher"
+
+    def __init__(self, store: Store, drivers: Mapping[str, ClusterDriver], clock: Clock, *,
+                 poll_s: float = 1.0, max_attempts: int = 5, retries: int = 3,
+                 backoff_s: float = 0.2, batch: int = 200) -> None:
+        self._store = store
+        self._drivers = drivers
+        self._clock = clock
+        self._poll_s = poll_s
+        self._max_attempts = max_attempts
+        self._retries = retries
+        self._backoff_s = backoff_s
+        self._batch = batch
+        self.applied = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.dispatch_once()
+            await self.withdraw_once()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self._poll_s)
+            except TimeoutError:
+                continue
+
+    async def dispatch_once(self) -> int:
+        """Apply every undispatched placement once; returns how many were dispatched."""
+        async with self._store.unit() as uow:
+            todo = await uow.placements.list_undispatched(limit=self._batch)
+            workloads = {r.placement.workload_id: (await uow.workloads.get(
+                r.placement.workload_id)).workload for r in todo}
+        done = 0
+        for rec in todo:
+            try:
+                await self.apply_placement(rec, workloads[rec.placement.workload_id])
+            except (DispatchError, ProviderError) as exc:
+                await self._failed(rec, str(exc))
+                continue
+            async with self._store.unit() as uow:
+                await uow.placements.mark_dispatched(rec.id)
+            done += 1
+        return done
+
+    async def apply_placement(self, rec: PlacementRecord, workload: Workload) -> None:
+        """Apply every assignment of one placement (without marking it dispatched)."""
+        for a in rec.placement.assignments:
+            driver = self._drivers.get(a.cluster)
+            if driver is None:
+                raise DispatchError(f"no driver for cluster {a.cluster!r}")
+            spec = apply_spec(workload, a.cluster, a.pool, a.replicas)
+            async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(self._retries),
+                    wait=wait_exponential(multiplier=self._backoff_s, max=5.0),
+                    retry=retry_if_exception(_retryable), reraise=True):
+                with attempt:
+                    await driver.apply(spec=spec)
+            self.applied += 1
+
+    async def _failed(self, rec: PlacementRecord, error: str) -> None:
+        async with self._store.unit() as uow:
+            attempts = await uow.placements.record_dispatch_failure(rec.id, error)
+            if attempts >= self._max_attempts:
+                await uow.workloads.requeue(
+                    rec.placement.workload_id,
+                    reason=f"dispatch failed {attempts} times: {error}")
+        log.warning("dispatch of %s failed (%d): %s", rec.id, attempts, error)
+
+    async def withdraw_once(self) -> int:
+        """Delete cancelled workloads from their clusters and retire their placements."""
+        async with self._store.unit() as uow:
+            todo = await uow.placements.list_to_withdraw(limit=self._batch)
+        done = 0
+        for rec in todo:
+            try:
+                for cluster in sorted({a.cluster for a in rec.placement.assignments}):
+                    driver = self._drivers.get(cluster)
+                    if driver is not None:
+                        await driver.delete(workload_id=rec.placement.workload_id)
+            except ProviderError as exc:
+                log.warning("withdraw of %s failed: %s", rec.id, exc)
+                continue
+            async with self._store.unit() as uow:
+                await uow.placements.retire(rec.id)
+            done += 1
+        return done
+
+
+def make_dispatcher(services: Services) -> Dispatcher:
+    return Dispatcher(services.store, services.drivers, services.clock)

@@ -1,0 +1,174 @@
+"""The reconciler: driver status -> workload status, and failover of what a failed cluster ran.
+
+Each pass asks every driver for `list_status()` (with a timeout):
+
+- a driver that fails `down_after` passes in a row marks its cluster
+  unhealthy (`clusters.set_health`); one that answers again marks it healthy;
+- every active placement on an unhealthy cluster is requeued (back to
+  pending, its placement retired), so the next placement epoch re-places it
+  under the same LP, which no longer offers that cluster;
+- a workload whose replicas stay not-ready for `stuck_after_s` (e.g. its
+  spot nodes were reclaimed and nothing fits) is requeued the same way;
+- RUNNING / SUCCEEDED / FAILED reported by the driver are written to the
+  workload (placed -> running, running -> succeeded/failed);
+- a cluster that comes back still running a workload that was re-placed
+  elsewhere meanwhile gets that workload deleted (no replica runs twice).
+
+Time comes from the injected clock, so the twin and tests drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from broker.clock import Clock
+from broker.domain import WorkloadStatus
+from broker.errors import BrokerError
+from broker.store import Store
+from providers.base import ClusterDriver, DriverStatus, WorkloadPhase
+from providers.errors import ProviderError
+
+if TYPE_CHECKING:
+    from broker.app import Services
+
+log = logging.getLogger(__name__)
+
+_PHASE_TO_STATUS = {
+    WorkloadPhase.RUNNING: WorkloadStatus.RUNNING,
+    WorkloadPhase.SUCCEEDED: WorkloadStatus.SUCCEEDED,
+    WorkloadPhase.FAILED: WorkloadStatus.FAILED,
+}
+_ALLOWED_FROM = {
+    WorkloadStatus.RUNNING: {WorkloadStatus.PLACED},
+    WorkloadStatus.SUCCEEDED: {WorkloadStatus.PLACED, WorkloadStatus.RUNNING},
+    WorkloadStatus.FAILED: {WorkloadStatus.PLACED, WorkloadStatus.RUNNING},
+}
+
+
+class Reconciler:
+    """See the module docstring."""
+
+    name = "reconciler"
+
+    def __init__(self, store: Store, drivers: Mapping[str, ClusterDriver], clock: Clock, *,
+                 poll_s: float = 2.0, down_after: int = 3, stuck_after_s: float = 300.0,
+                 timeout_s: float = 10.0) -> None:
+        self._store = store
+        self._drivers = drivers
+        self._clock = clock
+        self._poll_s = poll_s
+        self._down_after = down_after
+        self._stuck_after_s = stuck_after_s
+        self._timeout_s = timeout_s
+        self._failures: dict[str, int] = {}
+        self._marked_down: set[str] = set()
+        self._not_ready_since: dict[tuple[str, str], float] = {}
+        self.requeued: list[str] = []
+        self.orphans_deleted: list[tuple[str, str]] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.reconcile_once()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self._poll_s)
+            except TimeoutError:
+                continue
+
+    async def reconcile_once(self) -> None:
+        for name, driver in sorted(self._drivers.items()):
+            try:
+                statuses = await asyncio.wait_for(driver.list_status(), self._timeout_s)
+            except (ProviderError, TimeoutError) as exc:
+                await self._unreachable(name, str(exc) or type(exc).__name__)
+                continue
+            await self._reachable(name)
+            orphans = await self._apply_statuses(name, statuses)
+            await self._delete_orphans(name, driver, orphans)
+        await self._failover()
+
+    async def _unreachable(self, cluster: str, error: str) -> None:
+        self._failures[cluster] = self._failures.get(cluster, 0) + 1
+        if self._failures[cluster] >= self._down_after and cluster not in self._marked_down:
+            await self._set_health(cluster, healthy=False,
+                                   reason=f"driver unreachable {self._failures[cluster]}x: "
+                                          f"{error}")
+            self._marked_down.add(cluster)
+
+    async def _reachable(self, cluster: str) -> None:
+        self._failures[cluster] = 0
+        if cluster in self._marked_down:
+            await self._set_health(cluster, healthy=True, reason="driver reachable again")
+            self._marked_down.discard(cluster)
+
+    async def _set_health(self, cluster: str, *, healthy: bool, reason: str) -> None:
+        try:
+            async with self._store.unit() as uow:
+                await uow.clusters.set_health(cluster, healthy=healthy, reason=reason)
+        except BrokerError as exc:
+            log.warning("cannot set health of %s: %s", cluster, exc)
+        log.warning("cluster %s healthy=%s: %s", cluster, healthy, reason)
+
+    async def _apply_statuses(self, cluster: str, statuses: list[DriverStatus]) -> list[str]:
+        """Write driver phases to workloads; return workloads the cluster runs by mistake."""
+        now = self._clock.now()
+        orphans: list[str] = []
+        async with self._store.unit() as uow:
+            active = {r.placement.workload_id: r for r in
+                      await uow.placements.list_active_on_cluster(cluster)}
+            for st in statuses:
+                rec = active.get(st.workload_id)
+                if rec is None and st.phase in (WorkloadPhase.PENDING, WorkloadPhase.RUNNING):
+                    # Re-placed elsewhere (failover) while this cluster was away.
+                    now_at = await uow.placements.get_active_for_workload(st.workload_id)
+                    if now_at is not None and cluster not in {
+                            a.cluster for a in now_at.placement.assignments}:
+                        orphans.append(st.workload_id)
+                    continue
+                if rec is None or not rec.dispatched:
+                    continue
+                key = (cluster, st.workload_id)
+                if st.phase is WorkloadPhase.PENDING and st.ready_replicas < st.desired_replicas:
+                    since = self._not_ready_since.setdefault(key, now)
+                    if now - since >= self._stuck_after_s:
+                        await uow.workloads.requeue(
+                            st.workload_id, reason=f"replicas not ready on {cluster} for "
+                                                   f"{now - since:.0f}s: {st.message}")
+                        self.requeued.append(st.workload_id)
+                        self._not_ready_since.pop(key, None)
+                    continue
+                self._not_ready_since.pop(key, None)
+                target = _PHASE_TO_STATUS.get(st.phase)
+                if target is None:
+                    continue
+                current = (await uow.workloads.get(st.workload_id)).workload.status
+                if current in _ALLOWED_FROM[target]:
+                    await uow.workloads.set_status(st.workload_id, target, message=st.message)
+        return orphans
+
+    async def _delete_orphans(self, cluster: str, driver: ClusterDriver,
+                              orphans: list[str]) -> None:
+        """Remove replicas a recovered cluster still runs for workloads now placed elsewhere."""
+        for wid in orphans:
+            try:
+                await asyncio.wait_for(driver.delete(workload_id=wid), self._timeout_s)
+            except (ProviderError, TimeoutError) as exc:
+                log.warning("cannot delete orphan %s on %s: %s", wid, cluster, exc)
+                continue
+            self.orphans_deleted.append((cluster, wid))
+
+    async def _failover(self) -> None:
+        """Requeue everything active on an unhealthy cluster (the LP re-places it)."""
+        async with self._store.unit() as uow:
+            sick = [c.name for c in await uow.clusters.list() if not c.healthy]
+            for cluster in sick:
+                for rec in await uow.placements.list_active_on_cluster(cluster):
+                    await uow.workloads.requeue(rec.placement.workload_id,
+                                                reason=f"cluster {cluster} is unhealthy")
+                    self.requeued.append(rec.placement.workload_id)
+
+
+def make_reconciler(services: Services) -> Reconciler:
+    return Reconciler(services.store, services.drivers, services.clock)

@@ -1,0 +1,159 @@
+"""Column generation for the placement LP, warm-started in one HiGHS instance. Pure.
+
+Pruning each workload to its k cheapest options is only a starting point:
+under contention those fill up and the LP would leave replicas unplaced while
+other options are free. Each round prices every feasible pair not yet in the
+model (reduced cost c - A'y, lp.reduced_costs), adds up to `per_workload` of
+the most negative ones per workload with `Highs.addCols`, and re-solves from
+the previous basis (new columns start non-basic at 0, so a round costs a few
+simplex iterations, not a fresh solve). It stops when no column prices out
+(the LP value is then the bound of the unpruned program), when a round gains
+less than `min_gain`, or when `budget_s` is spent; in the last two cases the
+caller uses lp.lagrangian_bound.
+
+The rows do not depend on the candidates (lp.build makes capacity rows and n
+columns for every option), so at the end the model is rebuilt from the grown
+candidate set and the solution mapped onto it column by column: x by
+(workload, option), u/n/y by offset; row duals carry over unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from broker.placement import lp
+from broker.placement.candidates import CandidateSet, FloatArray, IntArray
+
+
+@dataclasses.dataclass(slots=True)
+class Priced:
+    cs: CandidateSet
+    model: lp.Model
+    relax: lp.Relaxation
+    rounds: int
+    converged: bool
+
+
+def _new_pairs(cs: CandidateSet, rc: FloatArray, in_model: set[tuple[int, int]],
+               per_workload: int) -> list[tuple[int, int]]:
+    m = max(1, min(per_workload, rc.shape[1]))
+    if rc.shape[1] > m:
+        top = np.argpartition(rc, m - 1, axis=1)[:, :m]
+    else:
+        top = np.tile(np.arange(rc.shape[1]), (rc.shape[0], 1))
+    vals = np.take_along_axis(rc, top, axis=1)
+    out = []
+    for w in np.flatnonzero((vals < -1e-6).any(axis=1)).tolist():
+        for o, v in zip(top[w].tolist(), vals[w].tolist(), strict=True):
+            if v < -1e-6 and (w, o) not in in_model:
+                out.append((w, o))
+    return out
+
+
+def _columns(cs: CandidateSet, model: lp.Model, pairs: list[tuple[int, int]]
+             ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray, IntArray, FloatArray]:
+    """cost, lower, upper, CSC starts, row indices, values of the new x columns."""
+    cost, lower, upper = [], [], []
+    starts, idx, val = [0], [], []
+    for w, o in pairs:
+        rows = [w]
+        vals = [1.0]
+        for r in range(3):
+            d = float(cs.demand[w, r])
+            if d > 0 and (o, r) in model.cap_rows:
+                rows.append(model.cap_rows[(o, r)])
+                vals.append(d)
+        t_row = model.budget_rows.get(cs.workloads[w].tenant)
+        if t_row is not None:
+            rows.append(t_row)
+            vals.append(float(cs.usd_per_hour[w, o]))
+        cost.append(float(cs.cost[w, o]))
+        lower.append(0.0)
+        upper.append(np.inf)
+        idx.extend(rows)
+        val.extend(vals)
+        starts.append(len(idx))
+    return (np.array(cost), np.array(lower), np.array(upper),
+            np.array(starts[:-1], dtype=np.int32), np.array(idx, dtype=np.int32),
+            np.array(val))
+
+
+def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model: lp.Model,
+             *, rounds: int, per_workload: int, min_gain: float, budget_s: float,
+             lp_time_limit_s: float, start: FloatArray | None = None) -> Priced:
+    """Solve the LP of `model` (built from `cs`) with column generation.
+
+    `start` (e.g. the greedy solution as columns) seeds the first solve:
+    ~20-35 % fewer simplex iterations at 5000x500.
+    """
+    t0 = time.perf_counter()
+    h: Any = lp.new_highs(model, time_limit_s=lp_time_limit_s)
+    if start is not None:
+        import highspy
+
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        h.setSolution(sol)
+    relax = lp.run_relaxation(h, model, t0)
+    # Added columns start non-basic at 0: the basis stays primal feasible, so
+    # primal simplex re-solves in a few iterations (dual simplex, the default
+    # for the first solve, takes 3-10x longer here).
+    h.setOptionValue("simplex_strategy", 4)
+    x_w, x_o = list(model.x_w.tolist()), list(model.x_o.tolist())
+    in_model = set(zip(x_w, x_o, strict=True))
+    done = 0
+    converged = False
+    view = model
+    for _ in range(rounds):
+        if time.perf_counter() - t0 > budget_s:
+            break
+        rc = lp.reduced_costs(cs, view, relax)
+        pairs = _new_pairs(cs, rc, in_model, per_workload)
+        if not pairs:
+            converged = True
+            break
+        before = relax.objective
+        c, lo, hi, starts, idx, val = _columns(cs, model, pairs)
+        h.addCols(len(pairs), c, lo, hi, int(idx.size), starts, idx, val)
+        for w, o in pairs:
+            x_w.append(w)
+            x_o.append(o)
+            in_model.add((w, o))
+        relax = lp.run_relaxation(h, model, t0, n_extra=len(x_w) - model.n_x)
+        view = dataclasses.replace(model, x_w=np.array(x_w, dtype=np.int64),
+                                   x_o=np.array(x_o, dtype=np.int64))
+        done += 1
+        if before - relax.objective <= min_gain * max(abs(before), 1e-9):
+            break
+    if done == 0:
+        return Priced(cs, model, relax, 0, converged)
+    return _rebuild(cs, pen, budgets, model, relax, x_w, x_o, done, converged)
+
+
+def _rebuild(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model: lp.Model,
+             relax: lp.Relaxation, x_w: list[int], x_o: list[int], done: int,
+             converged: bool) -> Priced:
+    """The grown candidate set as a clean model, with the incremental solution mapped on."""
+    by_w: dict[int, list[int]] = {}
+    for w, o in zip(x_w, x_o, strict=True):
+        by_w.setdefault(w, []).append(o)
+    cand = []
+    for w, idx in enumerate(cs.cand):
+        merged = np.array(sorted(set(idx.tolist()) | set(by_w.get(w, []))), dtype=np.int64)
+        cand.append(merged[np.argsort(cs.cost[w, merged], kind="stable")].astype(np.int64))
+    grown = dataclasses.replace(cs, cand=tuple(cand))
+    clean = lp.build(grown, pen, budgets)
+    old = relax.x
+    col_of = {(w, o): (k if k < model.n_x else model.y_start + model.n_y + (k - model.n_x))
+              for k, (w, o) in enumerate(zip(x_w, x_o, strict=True))}
+    x = np.zeros(clean.cost.size)
+    for k, (w, o) in enumerate(zip(clean.x_w.tolist(), clean.x_o.tolist(), strict=True)):
+        x[k] = old[col_of[(w, o)]]
+    x[clean.u_start:] = old[model.u_start:model.y_start + model.n_y]
+    mapped = lp.Relaxation(status=relax.status, objective=relax.objective, x=x,
+                           row_dual=relax.row_dual, solve_s=relax.solve_s)
+    return Priced(grown, clean, mapped, done, converged)

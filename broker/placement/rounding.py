@@ -1,0 +1,158 @@
+"""From a fractional LP solution to integer placements, through the Ledger. Pure.
+
+`load_integer` puts the integer part of x into a ledger (most valuable
+workloads first: fixing a replica rounds its pool up to whole nodes, which can
+use the last of a cluster's quota); `repair` fills what is left (the LP's
+favourite columns first, then any feasible option by cost); `guided` is an
+LP-guided greedy (most valuable, least flexible workload first). `to_columns`
+turns a ledger back into a column vector (the MIP's warm start). The planner
+keeps the cheapest of these and the greedy incumbent (see lp.py's strategy).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from broker.placement.candidates import FloatArray, IntArray
+from broker.placement.ledger import Ledger
+from broker.placement.lp import Model
+
+
+def load_integer(ledger: Ledger, model: Model, x: FloatArray, *, floor: bool,
+                 pen: FloatArray | None = None) -> None:
+    """Put a (rounded) column vector into the ledger, never past max_fit.
+
+    With `pen`, the most valuable workloads are loaded first: fixing a
+    replica rounds its pool up to whole nodes, which can use the last of a
+    cluster's quota, and that should go to what would cost most to leave out.
+    """
+    vals = np.floor(x[:model.n_x] + 1e-6) if floor else np.rint(x[:model.n_x])
+    if pen is None:
+        order = np.argsort(-vals, kind="stable")
+    else:
+        order = np.lexsort((-vals, -pen[model.x_w]))
+        order = order[vals[order] > 0]
+    for c in order:
+        m = int(vals[c])
+        if m <= 0:
+            continue
+        w, o = int(model.x_w[c]), int(model.x_o[c])
+        ledger.add(w, o, min(m, ledger.max_fit(w, o)))
+
+
+def guided(ledger: Ledger, model: Model, x: FloatArray, pen: FloatArray) -> None:
+    """LP-guided greedy: most valuable (then least flexible) workloads first, each on
+    the options the LP liked most, then the cheapest others."""
+    lens = np.array([c.size for c in ledger.cs.cand])
+    repair(ledger, model, x, pen, order=np.lexsort((lens, -pen)))
+
+
+def repair(ledger: Ledger, model: Model, x: FloatArray, pen: FloatArray,
+           order: IntArray | None = None) -> None:
+    """Fill what rounding left unplaced: highest penalty first, LP's favourites first."""
+    cs = ledger.cs
+    lp_x = x[:model.n_x]
+    starts = np.concatenate(([0], np.cumsum([c.size for c in cs.cand])))
+    for w in (np.argsort(-pen, kind="stable") if order is None else order):
+        w = int(w)
+        if ledger.placed(w) < cs.replicas[w]:
+            seg = np.arange(starts[w], starts[w + 1])
+            order = seg[np.lexsort((cs.cost[w, model.x_o[seg]], -lp_x[seg]))]
+            ledger.fill(w, [int(model.x_o[c]) for c in order])
+        if ledger.placed(w) < cs.replicas[w]:
+            # The LP's columns are full: any other feasible option, cheapest first.
+            row = cs.cost[w]
+            rest = np.argsort(row, kind="stable")
+            ledger.fill(w, rest[np.isfinite(row[rest])])
+        if not ledger.spread_ok(w):
+            ledger.remove(w)
+
+
+def to_columns(ledger: Ledger, model: Model) -> FloatArray:
+    """The ledger's solution as a full column vector (MIP warm start)."""
+    cs = ledger.cs
+    col = np.zeros(model.cost.size)
+    index = {(int(w), int(o)): k for k, (w, o) in enumerate(zip(model.x_w, model.x_o,
+                                                                strict=True))}
+    for w, xi in enumerate(ledger.x):
+        for o, m in xi.items():
+            k = index.get((w, o))
+            if k is not None:
+                col[k] = m
+        col[model.u_start + w] = cs.replicas[w] - ledger.placed(w)
+    for k, o in enumerate(model.n_opts):
+        col[model.n_start + k] = ledger.new_nodes[int(o)]
+    for k, (w, kind, key) in enumerate(model.y_keys):
+        used = ledger.domains[w] if kind == "spread" else ledger.clusters_of_w[w]
+        col[model.y_start + k] = 1.0 if used.get(key, 0) > 0 else 0.0
+    return col
+
+
+def _local_objective(ledger: Ledger, pen: FloatArray, ws: tuple[int, ...]) -> float:
+    cs = ledger.cs
+    total = 0.0
+    for w in ws:
+        total += sum(m * float(cs.cost[w, o]) for o, m in ledger.x[w].items())
+        total += (int(cs.replicas[w]) - ledger.placed(w)) * float(pen[w])
+    return total
+
+
+def _restore(ledger: Ledger, saved: dict[int, dict[int, int]]) -> None:
+    for w in saved:
+        ledger.remove(w)
+    for w, xw in saved.items():
+        for o, m in xw.items():
+            ledger.add(w, o, m)
+
+
+def improve(ledger: Ledger, pen: FloatArray, *, budget_s: float, per_option: int = 4,
+            options_per_workload: int = 6) -> int:
+    """Ejection moves: make room for an unplaced workload by moving one placed workload.
+
+    For each workload with unplaced replicas (highest penalty first), for its
+    cheapest feasible options, try taking out one workload placed there,
+    filling the unplaced one, then re-placing the one taken out anywhere it
+    fits. Kept only if the two workloads' objective drops (and spread still
+    holds); otherwise the ledger is restored exactly. Time-boxed; returns the
+    number of moves kept. This closes most of what rounding leaves on large,
+    tight batches, where one replica in the wrong pool blocks another.
+    """
+    cs = ledger.cs
+    t0 = time.perf_counter()
+    on_opt: dict[int, set[int]] = {}
+    for w, xw in enumerate(ledger.x):
+        for o in xw:
+            on_opt.setdefault(o, set()).add(w)
+    order_all = np.argsort(np.where(cs.feasible, cs.cost, np.inf), axis=1, kind="stable")
+    todo = [w for w in np.argsort(-pen, kind="stable").tolist()
+            if ledger.placed(w) < cs.replicas[w] and cs.feasible[w].any()]
+    kept = 0
+    for w in todo:
+        row = order_all[w]
+        opts = [int(o) for o in row[:options_per_workload] if np.isfinite(cs.cost[w, o])]
+        for o in opts:
+            if time.perf_counter() - t0 > budget_s or ledger.placed(w) >= cs.replicas[w]:
+                break
+            victims = sorted(on_opt.get(o, ()), key=lambda v: (pen[v], v))[:per_option]
+            for v in victims:
+                if v == w or time.perf_counter() - t0 > budget_s:
+                    continue
+                saved = {w: dict(ledger.x[w]), v: dict(ledger.x[v])}
+                before = _local_objective(ledger, pen, (w, v))
+                ledger.remove(v)
+                ledger.fill(w, row[np.isfinite(cs.cost[w, row])])
+                v_row = order_all[v]
+                ledger.fill(v, v_row[np.isfinite(cs.cost[v, v_row])])
+                after = _local_objective(ledger, pen, (w, v))
+                if after < before - 1e-6 and ledger.spread_ok(w) and ledger.spread_ok(v):
+                    kept += 1
+                    for ww in (w, v):
+                        for oo in saved[ww]:
+                            on_opt.get(oo, set()).discard(ww)
+                        for oo in ledger.x[ww]:
+                            on_opt.setdefault(oo, set()).add(ww)
+                    break
+                _restore(ledger, saved)
+    return kept
