@@ -1,1 +1,335 @@
-"""Placeholder: filled in by the Edge work."""
+"""The MQTT contract between the broker's edge hub and the `skyfed-edge` agents.
+
+This module is the only thing the broker imports from `edge_agent` (import-linter
+enforces it), so it must stay light: pydantic, json, logging, nothing else.
+
+Topics (``{p}`` is the prefix, ``skyfed/v1`` by default; tests use unique
+prefixes because several suites share one Mosquitto)::
+
+    {p}/sites/{site}/status     agent -> hub   QoS 1, RETAINED; Last Will "offline" (retained)
+    {p}/sites/{site}/heartbeat  agent -> hub   QoS 0
+    {p}/sites/{site}/commands   hub -> agent   QoS 1
+    {p}/sites/{site}/acks       agent -> hub   QoS 1
+    {p}/sites/{site}/telemetry  agent -> hub   QoS 1 (journal events) / QoS 0 (progress)
+    {p}/sites/{site}/echo       agent -> agent QoS 1 (MQTT round-trip probe through the broker)
+    {p}/routes/{service}        hub -> anyone  QoS 1, RETAINED: where the service is served now
+
+Why these QoS levels:
+
+- status is retained so a hub that (re)starts learns every site's last state at
+  once, and the Will is retained so a crashed site stays "offline" for late
+  subscribers. QoS 1 because losing an "offline" would hide a failure.
+- heartbeats are QoS 0 and never retained: the next one supersedes a lost one,
+  the hub's timeout tolerates a few losses, and a retained heartbeat would make a
+  dead site look alive to a late subscriber.
+- commands and acks are QoS 1 (at least once). Duplicates are harmless because
+  every command carries a `command_id`; the agent answers a repeated id with the
+  ack it already gave, without acting twice. QoS 2 would add a round trip to the
+  failover path for nothing.
+- telemetry that comes from the agent's journal is QoS 1 and carries an
+  `event_id`, so replay after a partition is at-least-once on the wire and
+  exactly-once after the hub's de-duplication. Progress reports are QoS 0.
+- echo is QoS 1 although a lost probe is harmless: the PUBACK the agent sends
+  back carries the TCP ACK at once; with QoS 0 the broker's next packet to the
+  agent (a failover command) could wait ~40 ms on Nagle + delayed ACK.
+- routes are retained so a client (or a new hub replica) that subscribes later
+  learns where a service runs; `epoch` orders them so a stale route never wins.
+
+Every payload is JSON with a `schema_version`. `decode()` returns None (and logs)
+for malformed payloads and unknown versions: a bad message from one peer must
+never crash the loops on the other side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "QOS",
+    "SCHEMA_VERSION",
+    "Ack",
+    "Command",
+    "CommandKind",
+    "DataItem",
+    "Echo",
+    "Heartbeat",
+    "Message",
+    "Route",
+    "ServiceSpec",
+    "ServiceState",
+    "Status",
+    "Telemetry",
+    "Topics",
+    "decode",
+    "encode",
+    "now_ms",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+DEFAULT_PREFIX = "skyfed/v1"
+
+# Per-topic QoS and retain flags (see module docstring for why).
+QOS: dict[str, tuple[int, bool]] = {
+    "status": (1, True),
+    "heartbeat": (0, False),
+    "commands": (1, False),
+    "acks": (1, False),
+    "telemetry": (1, False),
+    "echo": (1, False),
+    "routes": (1, True),
+}
+
+SITE_TOPICS = ("status", "heartbeat", "commands", "acks", "telemetry", "echo")
+
+ServiceState = Literal["starting", "standby", "serving", "failed", "stopped"]
+CommandKind = Literal["start", "stop", "promote", "demote", "prewarm", "ping"]
+
+
+def now_ms() -> float:
+    """Wall-clock milliseconds: messages carry it so both sides can measure delays."""
+    return time.time() * 1000.0
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: Literal[1] = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_required_on_the_wire(cls, data: Any, info: ValidationInfo) -> Any:
+        """Built in code the version defaults; decoded from the wire it must be there."""
+        if (info.context or {}).get("wire") and isinstance(data, dict) \
+                and "schema_version" not in data:
+            raise ValueError("schema_version missing")
+        return data
+
+
+class Status(_Msg):
+    """Retained site presence. The Last Will is `Status(state="offline")`."""
+
+    site: str
+    state: Literal["online", "offline"]
+    ts_ms: float = Field(default_factory=now_ms)
+    started_ms: float = 0.0
+    agent_version: str = "0.1.0"
+    # Bumps on every new MQTT session: a hub can tell a reconnect from a stale retained copy.
+    session: int = 0
+
+
+class Heartbeat(_Msg):
+    """Liveness and load. `services` maps service name -> ServiceState."""
+
+    site: str
+    seq: int
+    ts_ms: float = Field(default_factory=now_ms)
+    cpu_frac: float = 0.0  # whole-host CPU busy fraction 0..1
+    mem_frac: float = 0.0  # whole-host memory used fraction 0..1
+    gpu_frac: float | None = None  # mean GPU utilisation 0..1, None without GPUs
+    rss_mb: float = 0.0  # the agent's own resident memory
+    broker_rtt_ms: float | None = None  # MQTT round trip agent -> broker -> agent
+    peer_rtt_ms: dict[str, float] = Field(default_factory=dict)  # "host:port" -> TCP connect ms
+    services: dict[str, ServiceState] = Field(default_factory=dict)
+
+
+class ServiceSpec(BaseModel):
+    """A service the agent runs. An empty `command` means no local process (the
+    service runs elsewhere on the site, e.g. in its k3s): the agent then tracks
+    only its role, which is what a route switch needs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    command: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    health_tcp_port: int | None = None  # healthy when 127.0.0.1:port accepts
+    promote_signal: int | None = None  # sent to the process on promote (e.g. SIGUSR1=10)
+    endpoint: str = ""  # what clients connect to once it serves, published in the route
+
+
+class DataItem(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    url: str
+    sha256: str
+    size_bytes: int | None = None
+    name: str = ""  # file name in the cache; default: the sha256
+
+
+class Command(_Msg):
+    """Hub -> agent. `command_id` is the idempotency key (see `Ack`)."""
+
+    command_id: str
+    site: str
+    kind: CommandKind
+    ts_ms: float = Field(default_factory=now_ms)
+    service: ServiceSpec | None = None  # start (standby=True: warm, not serving)
+    service_name: str = ""  # stop / promote / demote
+    standby: bool = False
+    epoch: int = 0  # route epoch this command belongs to; agents ignore older epochs
+    # Batched promote/demote: service name -> its route epoch. One packet and one ack
+    # for every service a failed site moves onto this site (the failover hot path).
+    services: dict[str, int] = Field(default_factory=dict)
+    data: tuple[DataItem, ...] = ()  # prewarm
+    images: tuple[str, ...] = ()  # prewarm
+
+
+class Ack(_Msg):
+    command_id: str
+    site: str
+    ok: bool
+    ts_ms: float = Field(default_factory=now_ms)
+    message: str = ""
+    # When the agent switched the service's role (promote); for timing.
+    done_ms: float | None = None
+    duplicate: bool = False
+    failed: tuple[str, ...] = ()  # services of a batched command that did not switch
+    # The highest route epoch the agent knows for the command's services: lets a
+    # restarted hub catch up after a "stale epoch" refusal.
+    epoch: int = 0
+
+
+class Telemetry(_Msg):
+    """A journal event or a progress report. `event_id` lets the hub drop replays."""
+
+    site: str
+    kind: str  # e.g. service_failed, service_restarted, prewarm_progress, prewarm_done
+    ts_ms: float = Field(default_factory=now_ms)
+    event_id: str = ""
+    replayed: bool = False
+    data: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+
+class Echo(_Msg):
+    site: str
+    nonce: int
+    sent_ms: float
+
+
+class Route(_Msg):
+    service: str
+    site: str  # "" when no site serves it
+    epoch: int
+    ts_ms: float = Field(default_factory=now_ms)
+    endpoint: str = ""
+    standby_site: str = ""
+
+
+Message = Status | Heartbeat | Command | Ack | Telemetry | Echo | Route
+M = TypeVar("M", bound=_Msg)
+_WIRE = {"wire": True}
+
+
+def encode(msg: _Msg) -> bytes:
+    return msg.model_dump_json(exclude_defaults=False).encode()
+
+
+def decode(model: type[M], payload: bytes | bytearray | str) -> M | None:
+    """Parse `payload` as `model`; None (logged, never raised) when it is not one.
+
+    Unknown schema versions are rejected explicitly so a newer agent's message
+    is reported as such rather than as a confusing validation error.
+    """
+    try:  # fast path: one pass in pydantic-core (the hub decodes ~500 heartbeats/s)
+        return model.model_validate_json(payload, context=_WIRE)
+    except ValidationError:
+        pass  # classify below: unknown version, not JSON, or invalid
+    try:
+        raw = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        log.warning("dropping malformed %s payload: %s", model.__name__, exc)
+        return None
+    if not isinstance(raw, dict):
+        log.warning("dropping %s payload: not a JSON object", model.__name__)
+        return None
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        log.warning("dropping %s payload with unknown schema_version %r", model.__name__, version)
+        return None
+    try:
+        return model.model_validate(raw, context=_WIRE)
+    except ValidationError as exc:
+        log.warning("dropping invalid %s payload: %s", model.__name__,
+                    exc.errors(include_url=False)[:3])
+        return None
+
+
+class Topics:
+    """Topic names under one prefix. Site and service names must not contain
+    `/`, `+` or `#` (MQTT wildcards); `check_name` rejects them."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        self.prefix = prefix.rstrip("/")
+
+    @staticmethod
+    def check_name(name: str) -> str:
+        if not name or any(c in name for c in "/+#\0"):
+            raise ValueError(f"invalid site/service name for MQTT topics: {name!r}")
+        return name
+
+    def site(self, site: str, kind: str) -> str:
+        if kind not in SITE_TOPICS:
+            raise ValueError(f"unknown site topic kind: {kind!r}")
+        return f"{self.prefix}/sites/{self.check_name(site)}/{kind}"
+
+    def status(self, site: str) -> str:
+        return self.site(site, "status")
+
+    def heartbeat(self, site: str) -> str:
+        return self.site(site, "heartbeat")
+
+    def commands(self, site: str) -> str:
+        return self.site(site, "commands")
+
+    def acks(self, site: str) -> str:
+        return self.site(site, "acks")
+
+    def telemetry(self, site: str) -> str:
+        return self.site(site, "telemetry")
+
+    def echo(self, site: str) -> str:
+        return self.site(site, "echo")
+
+    def route(self, service: str) -> str:
+        return f"{self.prefix}/routes/{self.check_name(service)}"
+
+    def all_sites(self, kind: str) -> str:
+        """Wildcard filter for one kind over every site (the hub subscribes to these)."""
+        if kind not in SITE_TOPICS:
+            raise ValueError(f"unknown site topic kind: {kind!r}")
+        return f"{self.prefix}/sites/+/{kind}"
+
+    def all_routes(self) -> str:
+        return f"{self.prefix}/routes/+"
+
+    def parse(self, topic: str) -> tuple[str, str] | None:
+        """`(kind, name)` for a topic under this prefix, else None.
+
+        `kind` is a site topic kind (name = site) or "routes" (name = service).
+        Callers must filter by this: amqtt may deliver retained messages from
+        topics the client never subscribed to (FACTS.md).
+        """
+        head = self.prefix + "/"
+        if not topic.startswith(head):
+            return None
+        parts = topic[len(head):].split("/")
+        if len(parts) == 3 and parts[0] == "sites" and parts[2] in SITE_TOPICS and parts[1]:
+            return parts[2], parts[1]
+        if len(parts) == 2 and parts[0] == "routes" and parts[1]:
+            return "routes", parts[1]
+        return None
