@@ -1,9 +1,152 @@
-"""Commands: placeholder, to be filled in by its owner."""
+"""`skyfed sim`, `skyfed train`, `skyfed policy rules`: the digital twin's commands.
+
+Heavy imports (torch, HiGHS, the catalog) happen inside the command functions so that
+`skyfed --help` stays fast.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+
+policy_app = typer.Typer(no_args_is_help=True, help="The RL policy: explain it.")
+
+
+def _fail(msg: str) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/] {msg}")
+    return typer.Exit(code=2)
+
+
+def sim(
+    scenario: Annotated[Path, typer.Argument(help="scenario.toml (see SCENARIO.md)")],
+    policy: Annotated[str, typer.Option(help="traditional | greedy | lp | lp+rl")] = "lp",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    whatif: Annotated[str | None, typer.Option(
+        help='counterfactual, e.g. "cluster=aws-use1:down@3600" (with vs without)')] = None,
+    checkpoint: Annotated[str | None, typer.Option(
+        help="policy checkpoint for lp+rl (default: shipped; 'none': fixed weights)")] = None,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+) -> None:
+    """Simulate one policy on a scenario and print SCENARIO.md's metrics."""
+    from broker.sim import report
+    from broker.sim.engine import POLICIES
+    from broker.sim.runner import (
+        RichProgress,
+        RunResult,
+        load_model,
+        run_policy,
+        stdout_to_stderr,
+    )
+    from broker.sim.scenario import ScenarioError, load_scenario
+    from broker.sim.whatif import with_whatif
+    from providers.catalog import Catalog
+
+    if policy not in POLICIES:
+        raise _fail(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    catalog = Catalog.load()
+    try:
+        scn = load_scenario(scenario, catalog)
+        variants = [("baseline", scn)]
+        if whatif:
+            variants.append((f"whatif {whatif}", with_whatif(scn, whatif)))
+    except (ScenarioError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    model = load_model(checkpoint) if policy == "lp+rl" else None
+    console = Console(stderr=as_json)
+    results: list[RunResult] = []
+    with stdout_to_stderr(as_json), RichProgress() as bar:
+        for label, s in variants:
+            cb = bar.task(f"{s.name} {policy} {label}", s.horizon_s) if progress else None
+            r = run_policy(s, policy, catalog, model=model, progress=cb)
+            r.policy = f"{policy} ({label})" if whatif else policy
+            results.append(r)
+    if as_json:
+        doc: dict[str, object] = {"scenario": scn.name, "seed": scn.seed, "policy": policy,
+                                  "metrics": results[0].metrics}
+        if whatif:
+            doc["whatif"] = {"change": whatif, "metrics": results[1].metrics,
+                             "delta": _delta(results[0].metrics, results[1].metrics)}
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    report.print_results(console, f"{scn.name} (seed {scn.seed})", results)
+    if whatif:
+        console.print("delta (whatif - baseline):",
+                      _delta(results[0].metrics, results[1].metrics))
+
+
+def _delta(a: dict[str, object], b: dict[str, object]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, va in a.items():
+        vb = b.get(k)
+        if isinstance(va, int | float) and isinstance(vb, int | float):
+            out[k] = round(float(vb) - float(va), 4)
+    return out
+
+
+def train(
+    scenario: Annotated[list[Path] | None, typer.Option(
+        help="optional scenario(s) mixed into the randomized training set")] = None,
+    minutes: Annotated[float, typer.Option(help="wall-clock training budget")] = 3.0,
+    seed: Annotated[int, typer.Option(help="seed: same seed, same checkpoint")] = 0,
+    out: Annotated[Path, typer.Option(help="where to write the checkpoint")] = Path(
+        "policy.pt"),
+    episodes: Annotated[int | None, typer.Option(
+        help="exact episode count instead of the time budget (bit-for-bit reproducible)")] = None,
+    tune_trials: Annotated[int, typer.Option(
+        help="optuna TPE trials tuning the reward weights against the operator target")] = 0,
+    target: Annotated[Path | None, typer.Option(
+        help="operator target TOML (default config/scenarios/operator_target.toml)")] = None,
+) -> None:
+    """Train the actor-critic policy (PPO+GAE) in the twin on randomized scenarios. CPU only."""
+    from broker.sim.scenario import ScenarioError
+    from broker.sim.train import TrainConfig, load_target, train_policy
+
+    try:
+        tgt = load_target(target)
+        cfg = TrainConfig(minutes=minutes, seed=seed, scenarios=tuple(scenario or ()),
+                          tune_trials=tune_trials, target=tgt, episodes=episodes)
+        summary = train_policy(cfg, out)
+    except (ScenarioError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    Console().print(summary)
+
+
+@policy_app.command("rules")
+def rules(
+    scenario: Annotated[Path | None, typer.Option(
+        help="scenario to collect visited states from (default: randomized scenarios)")] = None,
+    checkpoint: Annotated[str | None, typer.Option(help="policy checkpoint")] = None,
+    depth: Annotated[int, typer.Option(help="surrogate tree depth")] = 3,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Fit a shallow decision-tree surrogate to the policy's outputs and print its rules."""
+    from broker.sim.explain import surrogate_rules
+    from broker.sim.runner import load_model, stdout_to_stderr
+
+    model = load_model(checkpoint)
+    if model is None:
+        raise _fail("no policy checkpoint: the fixed weights have no rules to explain")
+    with stdout_to_stderr(as_json):
+        result = surrogate_rules(model, scenario=scenario, depth=depth)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    console = Console()
+    outputs = result["outputs"]
+    if not isinstance(outputs, dict):
+        raise _fail("surrogate fit returned no outputs")
+    for out_name, info in outputs.items():
+        console.print(f"[bold]{out_name}[/]  fidelity R^2 = {info['r2']:.3f} "
+                      f"(held-out, {result['states']} visited states)")
+        console.print(info["rules"])
 
 
 def register(app: typer.Typer) -> None:
     """Mount this module's commands on the root app."""
+    app.command("sim")(sim)
+    app.command("train")(train)
+    app.add_typer(policy_app, name="policy", help="The RL policy: surrogate rules.")

@@ -1,0 +1,131 @@
+"""`skyfed policy rules`: a shallow decision-tree surrogate of the policy, with its fidelity.
+
+Why a surrogate: the GNN is not readable; a depth-3 tree fitted to its outputs over states the
+policy actually visited is, and its held-out R^2 says how far the rules can be trusted (the
+seed's section 2.3). Inputs per row: the cluster's own node features plus the batch features
+(for the bias of that cluster), or the mean node features plus batch features (for headroom
+and prewarm lead). scikit-learn's DecisionTreeRegressor is used for the printed rules (it comes
+with the `explain` extra's shap); `xgboost_fidelity` reports a shallow XGBoost fit alongside.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+
+from broker.placement.policy import (
+    BATCH_FEATURES,
+    BIAS_MAX_USD_PER_HOUR,
+    HEADROOM_MAX,
+    HEADROOM_MIN,
+    LEAD_MAX_S,
+    NODE_FEATURES,
+    ActorCritic,
+    GraphObs,
+)
+from broker.sim.engine import Engine, SimConfig
+from broker.sim.observe import PolicyController
+from broker.sim.randomize import random_draft
+from broker.sim.scenario import load_scenario
+from providers.catalog import Catalog
+
+
+def visited_states(model: ActorCritic, catalog: Catalog, *, scenario: Path | None = None,
+                   seeds: int = 4) -> list[GraphObs]:
+    """States the policy visits when it drives the twin (decision every 60 s)."""
+    scenarios = ([load_scenario(scenario, catalog)] if scenario else
+                 [random_draft(catalog, 20_000_000 + i, n_clusters=6, n_edge=1,
+                               horizon_s=5400.0, n_events=200).to_scenario(catalog)
+                  for i in range(seeds)])
+    out: list[GraphObs] = []
+    for scn in scenarios:
+        ctl = PolicyController(model)
+        Engine(scn, catalog, SimConfig(policy="lp+rl", decision_interval_s=60.0),
+               controller=ctl).run()
+        out.extend(ctl.visited)
+    return out
+
+
+def _outputs(model: ActorCritic, obs: GraphObs) -> np.ndarray:
+    mean = model.forward_obs(obs)[0].detach().numpy()
+    n = len(obs.names)
+    sig = 1.0 / (1.0 + np.exp(-mean[n:]))
+    return np.concatenate([np.tanh(mean[:n]) * BIAS_MAX_USD_PER_HOUR,
+                           [HEADROOM_MIN + (HEADROOM_MAX - HEADROOM_MIN) * sig[0],
+                            LEAD_MAX_S * sig[1]]])
+
+
+def datasets(model: ActorCritic, states: list[GraphObs]
+             ) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+    node_names = [f"node.{f}" for f in NODE_FEATURES]
+    mean_names = [f"mean.{f}" for f in NODE_FEATURES]
+    batch_names = [f"batch.{f}" for f in BATCH_FEATURES]
+    bias_x, bias_y, glob_x, head_y, lead_y = [], [], [], [], []
+    for obs in states:
+        out = _outputs(model, obs)
+        n = len(obs.names)
+        for i in range(n):
+            bias_x.append(np.concatenate([obs.node_x[i], obs.batch_x]))
+            bias_y.append(out[i])
+        glob_x.append(np.concatenate([obs.node_x.mean(axis=0), obs.batch_x]))
+        head_y.append(out[n])
+        lead_y.append(out[n + 1])
+    return {
+        "cluster_bias_usd_per_hour": (np.asarray(bias_x), np.asarray(bias_y),
+                                      node_names + batch_names),
+        "headroom": (np.asarray(glob_x), np.asarray(head_y), mean_names + batch_names),
+        "prewarm_lead_s": (np.asarray(glob_x), np.asarray(lead_y), mean_names + batch_names),
+    }
+
+
+def _split(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, ...]:
+    idx = list(range(len(y)))
+    random.Random(seed).shuffle(idx)
+    cut = max(1, int(0.75 * len(idx)))
+    tr, te = idx[:cut], idx[cut:] or idx[:1]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
+    ss = float(((y - y.mean()) ** 2).sum())
+    if ss <= 1e-12:
+        return 1.0 if float(((y - pred) ** 2).sum()) <= 1e-12 else 0.0
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss
+
+
+def surrogate_rules(model: ActorCritic, *, scenario: Path | None = None, depth: int = 3,
+                    seed: int = 0, states: list[GraphObs] | None = None) -> dict[str, object]:
+    """Fit the surrogates; returns {"states": n, "outputs": {name: {"r2", "rules", ...}}}.
+
+    `states` defaults to the states the policy visits in the twin (`visited_states`).
+    """
+    from sklearn.tree import DecisionTreeRegressor, export_text
+
+    if states is None:
+        states = visited_states(model, Catalog.load(), scenario=scenario)
+    outputs: dict[str, dict[str, object]] = {}
+    for name, (x, y, names) in datasets(model, states).items():
+        xtr, ytr, xte, yte = _split(x, y, seed)
+        tree = DecisionTreeRegressor(max_depth=depth, random_state=seed).fit(xtr, ytr)
+        outputs[name] = {
+            "r2": round(_r2(yte, tree.predict(xte)), 4),
+            "xgboost_r2": xgboost_fidelity(xtr, ytr, xte, yte, depth, seed),
+            "rules": export_text(tree, feature_names=names, decimals=3),
+            "samples": len(y),
+        }
+    return {"states": len(states), "outputs": outputs}
+
+
+def xgboost_fidelity(xtr: np.ndarray, ytr: np.ndarray, xte: np.ndarray, yte: np.ndarray,
+                     depth: int, seed: int) -> float | None:
+    """Held-out R^2 of a shallow gradient-boosted surrogate (None without xgboost)."""
+    try:
+        import xgboost
+    except ImportError:
+        return None
+    reg = xgboost.XGBRegressor(n_estimators=50, max_depth=depth, learning_rate=0.3,
+                               random_state=seed, n_jobs=1)
+    reg.fit(xtr, ytr)
+    return round(_r2(yte, np.asarray(reg.predict(xte))), 4)

@@ -1,0 +1,104 @@
+"""The twin's physical models: transfer times, multi-GPU speedup, service traffic. Pure.
+
+Every constant has its source here and in docs/twin.md. Why one module: these are the
+assumptions a reader must be able to check (and change) in one place; the engine only
+calls them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+
+from broker.domain import Interconnect
+
+# Cluster Autoscaler's default scan interval (--scan-interval=10s, kubernetes/autoscaler FAQ):
+# the reactive `traditional` autoscaler notices unschedulable pods this late.
+CA_SCAN_INTERVAL_S = 10.0
+# Pod start once the node is up and the image is present (sandbox + container create):
+# Kubernetes' scalability SLO bounds it at p99 <= 5 s for pre-pulled images; 2 s is typical.
+POD_START_S = 2.0
+# Cluster Autoscaler's default --scale-down-unneeded-time=10m: an idle node is removed after it.
+SCALE_IN_IDLE_S = 600.0
+# When the catalog cannot say (unknown pair): Skyplane's measured single-VM inter-region
+# throughput has a median of a few Gbps; providers/catalog.py already falls back to that
+# median, so this is only used when no catalog is present at all.
+THROUGHPUT_FALLBACK_GBPS = 2.0
+# Replica-to-replica traffic of a multi-replica service (east-west RPC, cache sync):
+# an assumption (no public per-service trace gives it); 0.5 GB per replica-hour.
+SERVICE_PEER_GB_PER_REPLICA_HOUR = 0.5
+
+# Data-parallel training step model (ring all-reduce, Patarasuk & Yuan 2009; NCCL docs):
+#   t_comm = 2 (k-1)/k * GRADIENT_GB / bus_GBps ;  speedup = k * t_c / (t_c + (1-OVERLAP) t_comm)
+# GRADIENT_GB: fp16 gradients of a ~1.3B-parameter model (2.6 GB); STEP_COMPUTE_S: per-GPU
+# compute time of one step (0.5 s); OVERLAP: fraction of communication hidden behind backward
+# compute (PyTorch DDP bucketing typically hides roughly half).
+GRADIENT_GB = 2.6
+STEP_COMPUTE_S = 0.5
+OVERLAP = 0.5
+# Effective all-reduce bus bandwidth per GPU (GB/s): NVSwitch A100 (NVIDIA: 600 GB/s
+# bidirectional per GPU; nccl-tests busbw ~230 GB/s), hybrid cube-mesh V100 NVLink pairs
+# (nccl-tests ~130 GB/s on DGX-1), PCIe Gen3/4 x16 through the host (~10 GB/s busbw), and
+# across nodes over the data-centre network (25-100 Gbps ENA/EFA: ~5 GB/s).
+BUS_GBPS_BY_INTERCONNECT = {
+    Interconnect.NVLINK_FULL: 230.0,
+    Interconnect.NVLINK_PAIRS: 130.0,
+    Interconnect.PCIE: 10.0,
+    Interconnect.NONE: 5.0,  # GPUs on different nodes: the network
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _topology_speedup(k: int, interconnect: Interconnect) -> float:
+    """topology.py's model (one model for the live planner and the twin), cached: it is pure."""
+    from broker.placement import topology
+
+    return float(topology.speedup(k, interconnect))
+
+
+def speedup(k: int, interconnect: Interconnect, *, cross_node: bool = False) -> float:
+    """Effective data-parallel speedup of a k-GPU job over one GPU.
+
+    Inside one node: broker/placement/topology.py's `speedup` (ring all-reduce over the node's
+    links). Across nodes: the same ring formula at the network's bus bandwidth (constants above).
+    """
+    if k <= 1:
+        return float(max(k, 0))
+    if not cross_node:
+        return _topology_speedup(k, interconnect)
+    bus = BUS_GBPS_BY_INTERCONNECT[Interconnect.NONE]
+    t_comm = 2.0 * (k - 1) / k * GRADIENT_GB / bus
+    return k * STEP_COMPUTE_S / (STEP_COMPUTE_S + max(0.0, t_comm - OVERLAP * STEP_COMPUTE_S))
+
+
+def transfer_s(size_gb: float, gbps: float) -> float:
+    """Seconds to move `size_gb` gigabytes at `gbps` gigabits per second."""
+    if size_gb <= 0:
+        return 0.0
+    return size_gb * 8.0 / max(gbps, 1e-6)
+
+
+def cross_pair_fraction(counts: Iterable[float]) -> float:
+    """Fraction of ordered replica pairs in different domains: 1 - sum c(c-1) / n(n-1)."""
+    cs = [c for c in counts if c > 0]
+    n = sum(cs)
+    if n <= 1:
+        return 0.0
+    return 1.0 - sum(c * (c - 1) for c in cs) / (n * (n - 1))
+
+
+def zone_split(count: int, zones: int) -> list[float]:
+    """Replicas per zone under Kubernetes' default zone spreading (as even as possible)."""
+    z = max(1, zones)
+    base, extra = divmod(count, z)
+    return [float(base + (1 if i < extra else 0)) for i in range(z)]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(s)))
+    return s[min(rank, len(s)) - 1]

@@ -1,0 +1,71 @@
+"""`skyfed sim` and `skyfed bench twin` as processes on a tiny real-catalog scenario."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.sim.metrics import METRIC_KEYS
+from broker.sim.randomize import Draft
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny(tmp_path: Path) -> Path:
+    doc = {
+        "name": "tiny-e2e", "seed": 5, "horizon_s": 1800.0, "epoch_s": 30.0,
+        "clusters": [
+            {"name": "aws-use1", "provider": "aws", "region": "us-east-1",
+             "pools": [{"instance_type": "m5.2xlarge", "nodes": 1, "max_nodes": 4}]},
+            {"name": "gcp-usc1", "provider": "gcp", "region": "us-central1",
+             "pools": [{"instance_type": "n2-standard-8", "nodes": 1, "max_nodes": 4}]},
+        ],
+        "user_regions": [{"name": "nyc", "lat": 40.7, "lon": -74.0}],
+    }
+    rows = [{"id": "web", "submit_s": 0.0, "kind": "service", "replicas": 2, "cpu": 1.0,
+             "memory_gib": 2.0, "user_region": "nyc", "latency_slo_ms": 80.0, "image_gb": 0.5},
+            {"id": "web", "submit_s": 600.0, "kind": "scale", "replicas": 6}]
+    rows += [{"id": f"b{i}", "submit_s": 60.0 * i, "kind": "batch", "replicas": 2, "cpu": 2.0,
+              "memory_gib": 4.0, "duration_s": 300.0, "data_gb": 2.0, "data_region": "gcp-usc1"}
+             for i in range(10)]
+    return Draft(doc=doc, rows=rows).write(tmp_path / "tiny", gz=False)
+
+
+def skyfed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240, check=False)
+
+
+def test_bench_twin_json_and_plots(tmp_path: Path) -> None:
+    scn = tiny(tmp_path)
+    out = skyfed("bench", "twin", "--scenario", str(scn), "--json", "--no-progress",
+                 "--plot", str(tmp_path / "plots"))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["scenario"] == "tiny-e2e"
+    assert set(doc["policies"]) == {"traditional", "greedy", "lp", "lp+rl"}
+    for metrics in doc["policies"].values():
+        assert set(METRIC_KEYS) <= set(metrics)
+        assert metrics["cost_usd"] > 0
+        assert metrics["unplaced"] == 0
+    assert (tmp_path / "plots" / "tiny-e2e-cost.png").stat().st_size > 1000
+
+
+def test_sim_whatif_and_errors(tmp_path: Path) -> None:
+    scn = tiny(tmp_path)
+    out = skyfed("sim", str(scn), "--policy", "lp", "--json", "--no-progress",
+                 "--whatif", "cluster=aws-use1:down@300")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["whatif"]["change"] == "cluster=aws-use1:down@300"
+    assert doc["metrics"] != doc["whatif"]["metrics"]
+    bad = tmp_path / "tiny" / "scenario.toml"
+    bad.write_text(bad.read_text() + "\nbogus = 1\n")
+    out = skyfed("sim", str(bad), "--no-progress")
+    assert out.returncode == 2
+    assert "unknown key 'bogus'" in out.stderr

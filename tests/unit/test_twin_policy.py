@@ -1,0 +1,205 @@
+"""The actor-critic GNN policy: shapes, ranges, determinism, checkpoints, PPO pieces, SHAP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from broker.placement.policy import (
+    BATCH_FEATURES,
+    BIAS_MAX_USD_PER_HOUR,
+    EDGE_FEATURES,
+    HEADROOM_MAX,
+    HEADROOM_MIN,
+    LEAD_MAX_S,
+    NODE_FEATURES,
+    ActorCritic,
+    FixedPolicy,
+    GraphObs,
+    feature_names,
+    output_names,
+    permutation_shapley,
+    shap_values,
+    to_action,
+)
+from broker.sim.train import Step, gae, ppo_update, target_miss
+
+
+def graph(n: int = 5, seed: int = 0) -> GraphObs:
+    rng = np.random.default_rng(seed)
+    src = np.array([i for i in range(n) for _ in range(2)], dtype=np.int64)
+    dst = np.array([(i + k) % n for i in range(n) for k in (1, 2)], dtype=np.int64)
+    return GraphObs(
+        names=tuple(f"c{i}" for i in range(n)),
+        node_x=rng.random((n, len(NODE_FEATURES)), dtype=np.float32),
+        edge_index=np.stack([src, dst]),
+        edge_x=rng.random((len(src), len(EDGE_FEATURES)), dtype=np.float32),
+        batch_x=rng.random(len(BATCH_FEATURES), dtype=np.float32),
+    )
+
+
+def test_forward_shapes_batched() -> None:
+    torch.manual_seed(0)
+    m = ActorCritic()
+    g = graph(6)
+    node_x = torch.as_tensor(np.stack([g.node_x, g.node_x]))
+    edge_x = torch.as_tensor(np.stack([g.edge_x, g.edge_x]))
+    batch_x = torch.as_tensor(np.stack([g.batch_x, g.batch_x]))
+    mean, log_std, value = m.forward_tensors(node_x, torch.as_tensor(g.edge_index), edge_x,
+                                             batch_x)
+    assert mean.shape == (2, 8)
+    assert log_std.shape == (8,)
+    assert value.shape == (2,)
+    assert torch.allclose(mean[0], mean[1])
+
+
+def test_actions_in_range_and_deterministic() -> None:
+    torch.manual_seed(0)
+    m = ActorCritic()
+    g = graph(4)
+    a1, a2 = m.act(g), m.act(g)
+    assert a1.action == a2.action
+    assert set(a1.action.cluster_bias_usd_per_hour) == set(g.names)
+    biases = a1.action.cluster_bias_usd_per_hour.values()
+    assert all(abs(b) <= BIAS_MAX_USD_PER_HOUR for b in biases)
+    assert HEADROOM_MIN <= a1.action.headroom <= HEADROOM_MAX
+    assert 0.0 <= a1.action.prewarm_lead_s <= LEAD_MAX_S
+    s1 = m.act(g, sample=True, generator=torch.Generator().manual_seed(3))
+    s2 = m.act(g, sample=True, generator=torch.Generator().manual_seed(3))
+    assert np.array_equal(s1.raw, s2.raw)
+    assert not np.array_equal(s1.raw, a1.raw)
+
+
+def test_to_action_squashes_extremes() -> None:
+    act = to_action(("a",), np.array([100.0, -100.0, 100.0]))
+    assert act.cluster_bias_usd_per_hour["a"] == pytest.approx(BIAS_MAX_USD_PER_HOUR)
+    assert act.headroom == pytest.approx(HEADROOM_MIN)
+    assert act.prewarm_lead_s == pytest.approx(LEAD_MAX_S)
+
+
+def test_graph_size_independent_weights() -> None:
+    torch.manual_seed(1)
+    m = ActorCritic()
+    assert len(m.act(graph(3)).action.cluster_bias_usd_per_hour) == 3
+    assert len(m.act(graph(9)).action.cluster_bias_usd_per_hour) == 9
+
+
+def test_checkpoint_roundtrip_small(tmp_path: Path) -> None:
+    torch.manual_seed(2)
+    m = ActorCritic()
+    path = tmp_path / "p.pt"
+    m.save(path, meta={"seed": 2})
+    assert path.stat().st_size < 5 * 1024 * 1024
+    loaded = ActorCritic.load(path)
+    g = graph(5)
+    assert loaded.act(g).action == m.act(g).action
+    assert ActorCritic.load(path.read_bytes()).act(g).action == m.act(g).action
+    torch.save({"version": 99}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match="not a skyfed policy checkpoint"):
+        ActorCritic.load(tmp_path / "x.pt")
+
+
+def test_fixed_policy_is_the_fallback() -> None:
+    assert FixedPolicy().decide(graph(2)).headroom == 0.9
+
+
+def test_gae_and_ppo_update_move_the_policy() -> None:
+    torch.manual_seed(0)
+    m = ActorCritic()
+    g = graph(4)
+    steps = []
+    gen = torch.Generator().manual_seed(0)
+    for t in range(6):
+        s = m.act(g, sample=True, generator=gen)
+        steps.append(Step(g, s.raw, s.log_prob, s.value, reward=1.0 if t % 2 else -1.0))
+    adv, ret = gae(steps)
+    assert adv.shape == (6,)
+    assert np.allclose(ret - adv, [s.value for s in steps])
+    before = [p.detach().clone() for p in m.parameters()]
+    ppo_update(m, torch.optim.Adam(m.parameters(), lr=1e-2), [steps])
+    assert any(not torch.equal(a, b) for a, b in zip(before, m.parameters(), strict=True))
+
+
+def test_target_miss_zero_when_met() -> None:
+    lp = {"cost_usd": 100.0, "slo_violation_frac": 0.0}
+    good = {"cost_usd": 90.0, "slo_violation_frac": 0.0}
+    bad = {"cost_usd": 110.0, "slo_violation_frac": 0.1}
+    target = {"cost_vs_lp": -0.05, "slo_violation_frac": 0.0}
+    assert target_miss([(lp, good)], target) == 0.0  # type: ignore[list-item]
+    assert target_miss([(lp, bad)], target) > 1.0  # type: ignore[list-item]
+
+
+def test_shap_values_explain_every_output() -> None:
+    torch.manual_seed(0)
+    m = ActorCritic()
+    g = graph(3)
+    sv = shap_values(m, g, [graph(3, seed=s) for s in range(1, 4)], top=3)
+    assert set(sv) == set(output_names(g))
+    names = set(feature_names(g))
+    assert all(len(v) == 3 and all(f in names for f, _ in v) for v in sv.values())
+    # Additivity: SHAP values of headroom sum to f(x) - f(background mean).
+    assert any(abs(val) > 0 for _, val in sv["headroom"])
+
+
+def test_permutation_shapley_is_additive_and_exact_for_linear() -> None:
+    w = np.array([[1.0, 0.0], [2.0, 1.0], [-3.0, 0.5]])
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return x @ w
+
+    x = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    base = np.zeros(3, dtype=np.float32)
+    phi = permutation_shapley(f, x, base, permutations=4)
+    assert np.allclose(phi, x[:, None] * w)  # linear model: phi_i = w_i (x_i - base_i)
+    assert np.allclose(phi.sum(axis=0), f(x[None])[0] - f(base[None])[0])
+
+
+@pytest.mark.slow
+def test_shap_library_backend_agrees_in_sign() -> None:
+    pytest.importorskip("shap")
+    torch.manual_seed(0)
+    m = ActorCritic()
+    g = graph(2)
+    bg = [graph(2, seed=s) for s in range(1, 4)]
+    ours = dict(shap_values(m, g, bg, top=40, permutations=40)["headroom"])
+    lib = dict(shap_values(m, g, bg, top=40, backend="shap")["headroom"])
+    top = max(lib, key=lambda k: abs(lib[k]))
+    assert np.sign(ours[top]) == np.sign(lib[top])
+
+
+def test_surrogate_rules_report_fidelity() -> None:
+    pytest.importorskip("sklearn")
+    from broker.sim.explain import surrogate_rules
+
+    torch.manual_seed(0)
+    m = ActorCritic()
+    with torch.no_grad():  # make the outputs depend visibly on the inputs
+        for p in m.parameters():
+            p.mul_(5.0)
+    states = [graph(4, seed=s) for s in range(40)]
+    out = surrogate_rules(m, states=states, depth=3)
+    assert out["states"] == 40
+    outputs = out["outputs"]
+    assert set(outputs) == {"cluster_bias_usd_per_hour", "headroom", "prewarm_lead_s"}
+    for info in outputs.values():
+        assert "|---" in info["rules"]
+        assert info["r2"] <= 1.0
+
+
+def test_training_is_deterministic_with_a_seed() -> None:
+    from broker.sim.train import TrainConfig, train_model
+    from providers.catalog import Catalog
+
+    cfg = TrainConfig(seed=3, episodes=2, episodes_per_update=2)
+    a = train_model(Catalog.load(), cfg, budget_s=0.0)
+    b = train_model(Catalog.load(), cfg, budget_s=0.0)
+    assert a.episodes == b.episodes == 2
+    assert a.steps > 0
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    torch.manual_seed(3)  # train_model seeds torch with cfg.seed before building the model
+    init = ActorCritic().state_dict()
+    assert not all(torch.equal(sa[k], init[k]) for k in sa)  # PPO updated the weights
