@@ -1,0 +1,1 @@
+"""`skyfed demo`: the whole system on embedded defaults, narrated (see runner.py)."""
