@@ -187,3 +187,29 @@ async def create_token(request: Request, _admin: Admin, body: TokenIn) -> Respon
                                                   description=body.description)
     return JsonResponse({"id": token_id, "tenant": body.tenant, "token": token},
                         status_code=201)
+
+
+@router.get("/events", summary="The event log (oldest first): failovers, syncs, placements")
+async def list_events(request: Request, principal: Auth, limit: Limit = 100,
+                      after: Annotated[int, Query(ge=0)] = 0, kind: str | None = None,
+                      subject: str | None = None) -> Response:
+    """A tenant sees its own events plus the federation's (site health, failovers,
+    price changes); the admin sees all. Page with `after=<last id>`."""
+    async with get_services(request).store.unit() as uow:
+        events = await uow.events.list(tenant=scope_of(principal), after_id=after,
+                                       limit=limit, kind=kind, subject=subject,
+                                       include_system=True)
+    items = [{"id": e.id, "ts": e.ts, "tenant": e.tenant, "kind": e.kind,
+              "subject": e.subject, "data": e.data} for e in events]
+    nxt = str(items[-1]["id"]) if len(items) == limit else None
+    return JsonResponse({"items": items, "nextCursor": nxt})
+
+
+@router.get("/providers", summary="Provider accounts and their price/quota sync health")
+async def list_providers(request: Request, principal: Auth) -> Response:
+    async with get_services(request).store.unit() as uow:
+        accounts = await uow.quotas.list_accounts()
+    return JsonResponse({"items": [
+        {"name": a.name, "provider": a.provider, "stale": a.stale, "failures": a.failures,
+         "lastOkS": a.last_ok_s, "lastError": a.last_error} for a in accounts],
+        "nextCursor": None})

@@ -6,7 +6,7 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from broker.store.models import EventRow
@@ -28,10 +28,17 @@ class EventRepo:
             "subject": subject, "data": dict(data or {})})
 
     async def list(self, *, tenant: str | None = None, after_id: int = 0, limit: int = 100,
-                   kind: str | None = None, subject: str | None = None) -> builtins.list[Event]:
-        """Events with id > `after_id`, oldest first; `tenant=None` means all tenants."""
+                   kind: str | None = None, subject: str | None = None,
+                   include_system: bool = False) -> builtins.list[Event]:
+        """Events with id > `after_id`, oldest first; `tenant=None` means all tenants.
+
+        `include_system` adds the federation's own events (tenant NULL: site health,
+        failovers, price changes) to a tenant's view.
+        """
         q = select(EventRow).where(EventRow.id > after_id)
-        if tenant is not None:
+        if tenant is not None and include_system:
+            q = q.where(or_(EventRow.tenant == tenant, EventRow.tenant.is_(None)))
+        elif tenant is not None:
             q = q.where(EventRow.tenant == tenant)
         if kind is not None:
             q = q.where(EventRow.kind == kind)

@@ -8,6 +8,7 @@ placement treats conservatively.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 
 from sqlalchemy import insert, select, update
@@ -77,6 +78,14 @@ class QuotaRepo:
         return AccountState(name=row.name, provider=row.provider, stale=row.stale,
                             failures=row.failures, last_ok_s=row.last_ok_s,
                             last_error=row.last_error)
+
+    async def list_accounts(self) -> builtins.list[AccountState]:
+        """Every provider account's sync health, by name."""
+        rows = (await self._s.scalars(select(ProviderAccountRow)
+                                      .order_by(ProviderAccountRow.name))).all()
+        return [AccountState(name=r.name, provider=r.provider, stale=r.stale,
+                             failures=r.failures, last_ok_s=r.last_ok_s,
+                             last_error=r.last_error) for r in rows]
 
     async def _account(self, account: str, provider: str) -> ProviderAccountRow:
         row = await self._s.get(ProviderAccountRow, account)

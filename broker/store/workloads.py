@@ -177,6 +177,16 @@ class WorkloadRepo:
              .limit(limit))
         return [workload_from_row(r) for r in (await self._s.scalars(q)).all()]
 
+    async def get_many(self, ids: Sequence[str]) -> dict[str, Workload]:
+        """Workloads by id across tenants (the placement loop's commitments); unknown ids absent."""
+        out: dict[str, Workload] = {}
+        wanted = list(dict.fromkeys(ids))
+        for i in range(0, len(wanted), 500):  # stay under every backend's bind-parameter limit
+            q = select(WorkloadRow).where(WorkloadRow.id.in_(wanted[i:i + 500]))
+            for r in (await self._s.scalars(q)).all():
+                out[r.id] = workload_from_row(r)
+        return out
+
     async def list_by_status(self, statuses: Sequence[WorkloadStatus], *,
                              limit: int = 1000) -> builtins.list[WorkloadRecord]:
         q = (select(WorkloadRow).where(WorkloadRow.status.in_([str(s) for s in statuses]))

@@ -1,0 +1,82 @@
+"""Fold the broker's own commitments into the cluster state the planner sees. Pure.
+
+The live placement loop decides epoch after epoch, and the clusters' observed
+usage (driver inventory, telemetry) lags behind what the broker has already
+placed: a placement written in epoch t is not yet running in epoch t+1. If the
+planner saw only observed usage it would hand the same free capacity out twice
+(two 8-GPU jobs onto one 8-GPU node in consecutive epochs). So, like the
+kube-scheduler's "assumed pods" cache, every active placement counts against
+its pool from the moment it is written:
+
+    used'[pool]  = max(observed used[pool], sum of requests of active placements on pool)
+    nodes'[pool] = min(max_nodes, max(observed nodes, nodes + sum(new_nodes ordered)))
+
+`max` (not `+`) because once a placement runs, the observed figure includes it.
+Only the resources a placement requested are counted (replicas x per-replica
+request), never limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from broker.domain import Cluster, Placement, Pool, Resources, Workload
+
+
+def committed_usage(
+    placements: Iterable[Placement], workloads: Mapping[str, Workload],
+) -> tuple[dict[tuple[str, str], Resources], dict[tuple[str, str], int]]:
+    """Requested resources and ordered new nodes per (cluster, pool)."""
+    used: dict[tuple[str, str], Resources] = {}
+    ordered: dict[tuple[str, str], int] = {}
+    for p in placements:
+        w = workloads.get(p.workload_id)
+        if w is None:
+            continue
+        for a in p.assignments:
+            key = (a.cluster, a.pool)
+            used[key] = used.get(key, Resources()) + w.spec.resources.scale(a.replicas)
+            ordered[key] = ordered.get(key, 0) + a.new_nodes
+    return used, ordered
+
+
+def with_commitments(
+    clusters: Iterable[Cluster], placements: Iterable[Placement],
+    workloads: Mapping[str, Workload],
+) -> tuple[Cluster, ...]:
+    """Clusters whose pools count every active placement (see module docstring)."""
+    used, ordered = committed_usage(placements, workloads)
+    out: list[Cluster] = []
+    for c in clusters:
+        pools: list[Pool] = []
+        for pool in c.pools:
+            key = (c.name, pool.name)
+            if key not in used and key not in ordered:
+                pools.append(pool)
+                continue
+            mine = used.get(key, Resources())
+            new_used = Resources(max(pool.used.cpu, mine.cpu),
+                                 max(pool.used.memory_gib, mine.memory_gib),
+                                 max(pool.used.gpu, mine.gpu))
+            nodes = min(pool.max_nodes, max(pool.nodes, pool.nodes + ordered.get(key, 0)))
+            # Enough nodes to hold what is committed, even if no order was recorded.
+            nodes = max(nodes, _nodes_needed(new_used, pool.node))
+            free_gpu = max(0, pool.node.gpu * nodes - new_used.gpu)
+            pools.append(replace(
+                pool, used=new_used, nodes=min(nodes, max(pool.max_nodes, pool.nodes)),
+                largest_free_gpu_set=min(pool.largest_free_gpu_set, free_gpu)
+                if pool.largest_free_gpu_set else 0))
+        out.append(replace(c, pools=tuple(pools)))
+    return tuple(out)
+
+
+def _nodes_needed(used: Resources, node: Resources) -> int:
+    need = 0.0
+    if node.cpu > 0:
+        need = max(need, used.cpu / node.cpu)
+    if node.memory_gib > 0:
+        need = max(need, used.memory_gib / node.memory_gib)
+    if node.gpu > 0:
+        need = max(need, used.gpu / node.gpu)
+    return int(-(-need // 1))
