@@ -1,7 +1,9 @@
 """`skyfed explain ID` and `skyfed whatif ID --cluster X`: placement decisions, from the API.
 
 ID is a placement id or a workload id (its active placement is used). Output
-is a short human summary, or the full record with `-o json|yaml`.
+is a short human summary, or the full record with `-o json|yaml`. `explain
+--policy` adds SHAP attributions of the RL policy's outputs (headroom, prewarm
+lead, bias of the chosen clusters) for the state the placement was decided on.
 """
 
 from __future__ import annotations
@@ -64,6 +66,27 @@ def _explain_lines(out: dict[str, Any]) -> list[str]:
         lines.append("  ruled out: " + ", ".join(f"{k} {v}" for k, v in d["infeasible"].items()))
     if d.get("unplaced_reason"):
         lines.append(f"  unplaced: {d['unplaced_reason']}")
+    pa = d.get("policy_action")
+    if pa:
+        steer = (f"checkpoint {pa.get('checkpoint')} (sha256 {pa.get('sha256')})"
+                 if pa.get("source") == "checkpoint" else f"{pa.get('source')} weights")
+        bias = ", ".join(f"{c} {b:+.4f}" for c, b in (pa.get("bias_usd_per_hour") or {}).items())
+        lines.append(f"  policy: {steer}; headroom {pa.get('headroom')}, prewarm lead "
+                     f"{pa.get('prewarm_lead_s')} s, bias USD/h: {bias or 'none'}")
+        if pa.get("fallback"):
+            lines.append(f"  policy fell back to fixed weights: {pa['fallback']}")
+    return lines + _policy_lines(out.get("policyExplanation"))
+
+
+def _policy_lines(pe: dict[str, Any] | None) -> list[str]:
+    if pe is None:
+        return []
+    if not pe.get("available"):
+        return [f"  policy attributions: not available ({pe.get('reason')})"]
+    lines = ["  policy attributions (SHAP vs. clusters at their mean and the usual batch):"]
+    for name, o in (pe.get("outputs") or {}).items():
+        lines.append(f"    {name} = {o['value']} (baseline {o['baseline']})")
+        lines.extend(f"      {t['shap']:+.5f}  {t['feature']}" for t in o["top_features"])
     return lines
 
 
@@ -72,11 +95,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("explain")
     def explain(ident: IdArg, config: ConfigOpt = None, server: ServerOpt = None,
-                token: TokenOpt = None, output: OutputOpt = "table") -> None:
+                token: TokenOpt = None, output: OutputOpt = "table",
+                policy: Annotated[bool, typer.Option(
+                    "--policy", help="Add SHAP attributions of the RL policy's outputs.")
+                ] = False) -> None:
         """Why a placement went where it went (decision record)."""
+        query = "?policy=true" if policy else ""
         with _client(config, server, token) as c:
             pid = _run(lambda: _placement_id(c, ident))
-            out = _run(lambda: c.request("GET", f"/v1/placements/{pid}/explain"))
+            out = _run(lambda: c.request("GET", f"/v1/placements/{pid}/explain{query}"))
         if output == "table":
             typer.echo("\n".join(_explain_lines(out)))
         else:

@@ -4,9 +4,14 @@ Every `epoch_s` (or at once when `wake()` is called because a batch filled),
 the loop reads the pending workloads (priority first, oldest first, at most
 `batch_max`), the clusters with their pools and usage, the active placements
 and the tenants' budgets, builds a `FederationSnapshot` (RTTs and egress
-prices for the batch from the catalog when it is available), asks the policy
-for its action, solves off the event loop (`asyncio.to_thread`), and writes
-every placement with its decision record in ONE unit of work. A crash before
+prices for the batch from the catalog when it is available), then, in one
+worker thread (`asyncio.to_thread`, so torch inference and the solve never
+block the event loop), asks the policy for its action and solves, and writes
+every placement with its decision record in ONE unit of work. Each decision
+record gets a `policy_action` entry: which policy steered (fixed weights or a
+checkpoint with its sha256), the action values used (the bias of the chosen
+clusters, headroom, prewarm lead, latency weight) and, for a learned policy,
+the observation it saw (policy_runtime.py) for `explain --policy`. A crash before
 that commit loses nothing (the workloads are still pending and the next tick
 solves them again); after it, the dispatcher owns them.
 
@@ -20,18 +25,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from broker.clock import Clock
 from broker.domain import (
     Cluster,
     FederationSnapshot,
+    Placement,
     PolicyAction,
     Site,
     UserRegion,
     Workload,
     WorkloadStatus,
+)
+from broker.federation.policy_runtime import (
+    PolicyDecision,
+    PolicyRuntime,
+    per_placement,
+    share_observation,
 )
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.settings import PlacementSettings
@@ -58,6 +71,35 @@ def fixed_action(settings: PlacementSettings) -> ActionFn:
     action = PolicyAction(headroom=settings.headroom,
                           latency_weight_usd_per_ms=settings.latency_weight_usd_per_ms)
     return lambda _snapshot: action
+
+
+def decide(action_fn: ActionFn, snapshot: FederationSnapshot, *, source: str = "custom",
+           remember: bool = True) -> PolicyDecision:
+    """Action and policy record from a `PolicyRuntime`, or from a plain action function.
+
+    Blocking (a runtime runs torch): call it where the planner runs, off the event loop.
+    """
+    if isinstance(action_fn, PolicyRuntime):
+        return action_fn.decide(snapshot, remember=remember)
+    action = action_fn(snapshot)
+    return PolicyDecision(action, {
+        "source": source, "bias_usd_per_hour": dict(action.cluster_bias_usd_per_hour),
+        "headroom": action.headroom, "prewarm_lead_s": action.prewarm_lead_s,
+        "latency_weight_usd_per_ms": action.latency_weight_usd_per_ms})
+
+
+def decide_and_plan(snapshot: FederationSnapshot, action_fn: ActionFn, config: PlannerConfig,
+                    *, policy: str = "lp", source: str = "custom") -> EpochPlan:
+    """Policy action + `plan_epoch`, with `policy_action` added to every decision record."""
+    chosen = decide(action_fn, snapshot, source=source)
+    plan = plan_epoch(snapshot, chosen.action, config, policy=policy)
+    return replace(plan, placements=tuple(
+        _with_policy(p, chosen.record) for p in plan.placements))
+
+
+def _with_policy(placement: Placement, record: Mapping[str, object]) -> Placement:
+    return replace(placement, decision={**placement.decision,
+                                        "policy_action": per_placement(record, placement)})
 
 
 def network_maps(catalog: Catalog | None, clusters: Sequence[Cluster],
@@ -123,6 +165,7 @@ class PlacementLoop:
         self._settings = settings
         self._config = planner_config(settings)
         self._action_fn = action_fn or fixed_action(settings)
+        self._source = "custom" if action_fn is not None else "fixed"
         self._catalog = catalog
         self._policy = policy
         self._wake = asyncio.Event()
@@ -173,10 +216,9 @@ class PlacementLoop:
         snap = await self.snapshot()
         if snap is None:
             return None
-        action = self._action_fn(snap)
         t0 = time.perf_counter()
-        plan = await asyncio.to_thread(plan_epoch, snap, action, self._config,
-                                       policy=self._policy)
+        plan = await asyncio.to_thread(decide_and_plan, snap, self._action_fn, self._config,
+                                       policy=self._policy, source=self._source)
         await self._write(plan)
         self.last_plan = plan
         self.ticks += 1
@@ -187,11 +229,20 @@ class PlacementLoop:
 
     async def _write(self, plan: EpochPlan) -> None:
         placed = {p.workload_id for p in plan.placements}
+        holder: str | None = None  # the placement storing this epoch's policy observation
         async with self._store.unit() as uow:
             for p in plan.placements:
                 reason = plan.unplaced.get(p.workload_id, "")
                 message = f"{p.placed_replicas} replicas placed; rest: {reason}" if reason else ""
-                await uow.placements.record(p, message=message)
+                pa = p.decision.get("policy_action")
+                observed = isinstance(pa, Mapping) and "observation" in pa
+                stored = p
+                if observed and holder is not None and isinstance(pa, Mapping):
+                    stored = replace(p, decision={
+                        **p.decision, "policy_action": share_observation(pa, holder)})
+                pid = await uow.placements.record(stored, message=message)
+                if observed and holder is None and pid is not None:
+                    holder = pid
             for wid, reason in plan.unplaced.items():
                 if wid not in placed and reason.startswith(_FOREVER_REASONS):
                     await uow.workloads.set_status(wid, WorkloadStatus.UNPLACEABLE,
@@ -249,9 +300,11 @@ async def whatif_for_placement(store: Store, settings: PlacementSettings, placem
                               running=tuple(running), tenants=tuple(tenants), rtt_ms=rtt,
                               user_regions=user_regions(catalog, [workload], sites),
                               egress_usd_per_gb=egress)
-    action = (action_fn or fixed_action(settings))(snap)
-    out = await asyncio.to_thread(whatif, snap, action, planner_config(settings),
-                                  workload.id, force_cluster)
+    def solve() -> dict[str, object]:
+        action = decide(action_fn or fixed_action(settings), snap, remember=False).action
+        return whatif(snap, action, planner_config(settings), workload.id, force_cluster)
+
+    out = await asyncio.to_thread(solve)
     out["placement_id"] = placement_id
     out["stored"] = {"cost_usd_per_hour": rec.placement.cost_usd_per_hour,
                      "rtt_ms": rec.placement.rtt_ms,

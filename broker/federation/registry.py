@@ -64,4 +64,5 @@ LOOP_FACTORIES: list[LoopFactory] = [
 
 STARTUP_HOOKS: list[StartupHook] = [
     _lazy("broker.federation.drivers", "install_drivers"),
+    _lazy("broker.federation.policy_runtime", "install_policy"),
 ]

@@ -61,6 +61,9 @@ an LP file for debugging); it solves the same matrix.
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,6 +76,8 @@ from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quot
 from broker.placement.ledger import NEW_NODE_EPSILON_USD, conflicts
 
 _RES = ("cpu", "memory", "gpu")
+_BANNER_LOCK = threading.Lock()
+_banner_state = {"silenced": False}
 
 
 class SolverError(Exception):
@@ -369,10 +374,42 @@ def _spread_rows(cs: CandidateSet, rows: _Rows, x_w: IntArray, x_o: IntArray,
     return sorted(y_col, key=lambda k: y_col[k])
 
 
-def _highs(model: Model, *, integer: bool, time_limit_s: float, mip_gap: float) -> object:
+def quiet_highs() -> Any:
+    """A new `highspy.Highs()`, without the banner HiGHS prints at its first construction.
+
+    Why: HiGHS writes "Running HiGHS ..." from C++ straight to file descriptor 1 the first
+    time a `Highs` is built in a process, before `output_flag` can be set; it would pollute
+    `skyfed ... --json` output and `skyfed serve` logs. So the first construction runs with
+    fd 1 pointed at /dev/null (Python's `redirect_stdout` cannot catch a C-level write) and
+    restored in `finally`. The lock makes concurrent first solves (the placement loop and a
+    what-if in another thread) safe; anything another thread writes to stdout during those
+    few milliseconds is dropped too. Later constructions print nothing and skip all this.
+    """
     import highspy
 
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
+    if _banner_state["silenced"]:
+        return highspy.Highs()  # type: ignore[no-untyped-call]
+    with _BANNER_LOCK:
+        if _banner_state["silenced"]:
+            return highspy.Highs()  # type: ignore[no-untyped-call]
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, 1)
+            finally:
+                os.close(devnull)
+            h = highspy.Highs()  # type: ignore[no-untyped-call]
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        _banner_state["silenced"] = True
+        return h
+
+
+def _highs(model: Model, *, integer: bool, time_limit_s: float, mip_gap: float) -> object:
+    h = quiet_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", max(0.01, float(time_limit_s)))
     if integer:
