@@ -63,6 +63,14 @@ class MqttSettings(BaseModel):
     keepalive_s: int = Field(default=5, ge=1)
 
 
+class UserRegionSettings(BaseModel):
+    """A place users are, for latency SLOs: a workload's `userRegion` may name it."""
+
+    name: str = Field(min_length=1)
+    lat: float = Field(ge=-90, le=90)
+    lon: float = Field(ge=-180, le=180)
+
+
 class PlacementSettings(BaseModel):
     solver: Literal["highs", "pulp-cbc", "pulp-glpk", "pulp-highs", "pulp-gurobi",
                     "pulp-cplex"] = "highs"
@@ -75,6 +83,9 @@ class PlacementSettings(BaseModel):
     headroom: float = Field(default=0.9, gt=0, le=1)
     unplaced_penalty_usd: float = Field(default=1000.0, gt=0)
     lp_file_dir: str | None = None  # write each model as an LP file (debugging)
+    # Named user regions (`[[placement.user_regions]]`); besides these a workload's
+    # userRegion may be a catalog region (`aws:eu-central-1`) or an edge site's name.
+    user_regions: list[UserRegionSettings] = Field(default_factory=list)
 
 
 class PolicySettings(BaseModel):

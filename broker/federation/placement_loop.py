@@ -46,6 +46,7 @@ from broker.federation.policy_runtime import (
     per_placement,
     share_observation,
 )
+from broker.placement.commitments import with_commitments
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.settings import PlacementSettings
 from broker.store import Store
@@ -200,14 +201,19 @@ class PlacementLoop:
                 return None
             clusters = await uow.clusters.list()
             running = await uow.placements.list_active()
+            committed = await uow.workloads.get_many([r.placement.workload_id for r in running])
             tenants = await uow.tenants.list()
             sites = await uow.sites.list()
             now = uow.now
         rtt, egress = network_maps(self._catalog, clusters, pending)
+        placed = [r.placement for r in running]
+        configured = tuple(UserRegion(u.name, u.lat, u.lon) for u in self._settings.user_regions)
         return FederationSnapshot(
-            now_s=now, clusters=tuple(clusters), pending=tuple(pending),
-            running=tuple(r.placement for r in running),
-            user_regions=user_regions(self._catalog, pending, sites),
+            now_s=now, clusters=with_commitments(clusters, placed, committed),
+            pending=tuple(pending), running=tuple(placed),
+            user_regions=configured + tuple(
+                u for u in user_regions(self._catalog, pending, sites)
+                if u.name not in {c.name for c in configured}),
             tenants=tuple(tenants),
             rtt_ms=rtt, egress_usd_per_gb=egress)
 
