@@ -8,6 +8,7 @@ the Idempotency-Key exists, plus the event) before the 201.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import yaml
@@ -25,9 +26,10 @@ from broker.api.views import (
     site_view,
     workload_view,
 )
-from broker.domain import WorkloadStatus
+from broker.domain import Offer, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, SpecError
 from broker.store.mapping import spec_sha256, spec_to_json
+from providers.errors import NotFoundError as ProviderNotFoundError
 
 try:
     import orjson
@@ -143,6 +145,7 @@ async def cancel_workload(request: Request, principal: Auth, workload_id: str) -
 
 @router.post("/clusters", status_code=201, summary="Register or replace a member cluster")
 async def register_cluster(request: Request, principal: Auth, body: ClusterIn) -> Response:
+    body = body.with_catalog(_catalog_offer(request))
     async with get_services(request).store.unit() as uow:
         created = await uow.clusters.upsert(body.to_domain(), tenant=principal.tenant,
                                             account=body.account, attrs=body.attrs)
@@ -213,3 +216,23 @@ async def list_providers(request: Request, principal: Auth) -> Response:
         {"name": a.name, "provider": a.provider, "stale": a.stale, "failures": a.failures,
          "lastOkS": a.last_ok_s, "lastError": a.last_error} for a in accounts],
         "nextCursor": None})
+
+
+def _catalog_offer(request: Request) -> Callable[[str, str, str], Offer]:
+    """`(provider, region, instance_type) -> Offer` from the offline catalog (loaded once
+    per process); LookupError when it has no such offer."""
+    services = get_services(request)
+    catalog = services.extras.get("catalog")
+    if catalog is None:
+        from providers.catalog import Catalog
+
+        catalog = services.extras["catalog"] = Catalog.load()
+
+    def offer_of(provider: str, region: str, instance_type: str) -> Offer:
+        try:
+            offer: Offer = catalog.offer(provider, region, instance_type)
+        except ProviderNotFoundError as e:
+            raise LookupError(str(e)) from e
+        return offer
+
+    return offer_of

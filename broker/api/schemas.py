@@ -12,6 +12,7 @@ or a Kubernetes quantity (`"4Gi"`, `"512Mi"`, `"8G"`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -21,6 +22,7 @@ from broker.domain import (
     Cluster,
     DataSource,
     Interconnect,
+    Offer,
     Pool,
     PricingModel,
     Resources,
@@ -30,6 +32,7 @@ from broker.domain import (
     WorkloadKind,
     WorkloadSpec,
 )
+from broker.errors import SpecError
 
 _GIB = 1024.0**3
 _UNITS = {"Ki": 1024.0, "Mi": 1024.0**2, "Gi": _GIB, "Ti": 1024.0**4,
@@ -161,18 +164,25 @@ class NodeIn(_Model):
 
 
 class PoolIn(_Model):
+    """A node pool. `node`, the price, GPU model and interconnect may be left out for a
+    cloud pool: they are then taken from the catalog entry of `instanceType` in the
+    cluster's provider and region (`skyfed catalog offers`)."""
+
     name: str = Field(min_length=1, max_length=128)
     instance_type: str = Field(min_length=1, max_length=64)
-    node: NodeIn
+    node: NodeIn | None = None
     nodes: int = Field(default=0, ge=0, le=100_000)
     max_nodes: int = Field(default=0, ge=0, le=100_000)
-    price_usd_per_hour: float = Field(ge=0)
+    price_usd_per_hour: float | None = Field(default=None, ge=0)
     pricing: PricingModel = PricingModel.ON_DEMAND
     gpu_model: str | None = None
     interconnect: Interconnect = Interconnect.NONE
     reclaim_rate_per_hour: float = Field(default=0.0, ge=0)
 
     def to_domain(self) -> Pool:
+        if self.node is None or self.price_usd_per_hour is None:
+            raise SpecError(f"pool {self.name!r} needs node and priceUsdPerHour (or an "
+                            "instanceType the catalog knows)", loc=("body", "pools"))
         return Pool(name=self.name, instance_type=self.instance_type,
                     node=Resources(self.node.cpu, self.node.memory, self.node.gpu),
                     nodes=self.nodes, max_nodes=max(self.max_nodes, self.nodes),
@@ -197,6 +207,39 @@ class ClusterIn(_Model):
     quota_gpu: float | None = Field(default=None, ge=0)
     pools: list[PoolIn] = Field(default_factory=list, max_length=1000)
     attrs: dict[str, Any] | None = None
+
+    def with_catalog(self, offer_of: Callable[[str, str, str], Offer]) -> ClusterIn:
+        """Fill each pool's missing node size, price, GPU model and interconnect from
+        `offer_of(provider, region, instance_type)` (raises SpecError naming the pool
+        when the catalog does not know the type)."""
+        pools = []
+        for i, p in enumerate(self.pools):
+            if p.node is not None and p.price_usd_per_hour is not None:
+                pools.append(p)
+                continue
+            try:
+                o = offer_of(self.provider, self.region, p.instance_type)
+            except LookupError as e:
+                raise SpecError(
+                    f"pool {p.name!r}: {self.provider}:{self.region} has no instance type "
+                    f"{p.instance_type!r} in the catalog; give node and priceUsdPerHour",
+                    loc=("body", "pools", i, "instanceType")) from e
+            spot = p.pricing == PricingModel.SPOT
+            price = o.spot_price_usd_per_hour if spot else o.price_usd_per_hour
+            if p.price_usd_per_hour is None and price is None:
+                raise SpecError(f"pool {p.name!r}: the catalog has no "
+                                f"{'spot ' if spot else ''}price for {p.instance_type!r}; "
+                                "give priceUsdPerHour",
+                                loc=("body", "pools", i, "priceUsdPerHour"))
+            node = p.node or NodeIn(cpu=o.vcpu, memory=o.memory_gib, gpu=o.gpu_count)
+            pools.append(p.model_copy(update={
+                "node": node,
+                "price_usd_per_hour": p.price_usd_per_hour if p.price_usd_per_hour is not None
+                else price,
+                "gpu_model": p.gpu_model or o.gpu_model,
+                "interconnect": p.interconnect if p.interconnect != Interconnect.NONE
+                else o.interconnect}))
+        return self.model_copy(update={"pools": pools})
 
     def to_domain(self) -> Cluster:
         return Cluster(name=self.name, provider=self.provider, region=self.region,

@@ -185,7 +185,8 @@ def _documents(path: str) -> Iterator[tuple[int, Any]]:
 def submit(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-': stdin).")],
            config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
            output: OutputOpt = "table") -> None:
-    """Submit workloads (multi-document YAML is fine)."""
+    """Submit workloads, and register clusters and sites (`kind: Cluster` / `kind: Site`
+    documents, like `kubectl apply`). Multi-document YAML is fine."""
     from broker.api.client import ClientError
 
     out = []
@@ -193,15 +194,38 @@ def submit(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-'
         for f in files:
             for i, doc in _documents(f):
                 try:
-                    out.append(c.submit(doc))
+                    member = _member_document(doc)
+                    if member is None:
+                        out.append(c.submit(doc))
+                    else:
+                        resource, body = member
+                        out.append({"kind": resource,
+                                    **c.request("POST", f"/v1/{resource}", json=body)})
                 except ClientError as e:
                     raise fail(f"{f} (document {i}): {e}") from e
     if output != "table":
         _emit(out, output)
         return
     for w in out:
+        if w.get("kind") in ("clusters", "sites"):
+            typer.echo(f"{w['kind'][:-1]}/{w['name']} registered")
+            continue
         typer.echo(f"workload/{w['metadata']['name']} submitted: {w['id']} "
                    f"({w['status']['phase']})")
+
+
+def _member_document(doc: Any) -> tuple[str, dict[str, Any]] | None:
+    """`kind: Cluster|Site` -> ("clusters"|"sites", the registration body); else None.
+
+    The body is `spec` with `metadata.name` as `name` (the API's ClusterIn/SiteIn).
+    """
+    if not isinstance(doc, dict) or doc.get("kind") not in ("Cluster", "Site"):
+        return None
+    spec = doc.get("spec")
+    name = (doc.get("metadata") or {}).get("name")
+    if not isinstance(spec, dict) or not isinstance(name, str):
+        raise fail(f"a {doc['kind']} document needs metadata.name and a spec mapping")
+    return ("clusters" if doc["kind"] == "Cluster" else "sites"), {"name": name, **spec}
 
 
 def get(resource: Annotated[str, typer.Argument(help="workloads | clusters | sites")],
