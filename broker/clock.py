@@ -64,3 +64,20 @@ class ManualClock:
     @property
     def sleepers(self) -> int:
         return sum(1 for _, _, f in self._sleepers if not f.done())
+
+
+async def sleep_or_stop(clock: Clock, seconds: float, stop: asyncio.Event) -> None:
+    """Sleep `seconds` on `clock`, or less if `stop` is set meanwhile.
+
+    Every periodic loop waits this way, so a shutdown never waits out an interval
+    and a ManualClock drives the loops in tests. Both helper tasks are owned here
+    and always cancelled and awaited.
+    """
+    waiter = asyncio.ensure_future(stop.wait())
+    sleeper = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (waiter, sleeper):
+            t.cancel()
+        await asyncio.gather(waiter, sleeper, return_exceptions=True)

@@ -26,9 +26,7 @@ installed under a cluster's name (the demo's) wins and the registry builds none 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-import importlib
 import inspect
 import json
 import logging
@@ -38,7 +36,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMappi
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.clock import Clock, SystemClock
+from broker.clock import Clock, SystemClock, sleep_or_stop
 from broker.domain import Cluster, Pool
 from broker.errors import BrokerError, ConfigError
 from providers.base import ClusterDriver, Interconnect
@@ -257,17 +255,13 @@ class EdgeDriverFactory:
         self._hub = hub
 
     def __call__(self, target: DriverTarget) -> ClusterDriver:
-        try:
-            edge = importlib.import_module("providers.edge")
-        except ImportError as exc:
-            raise DriverConfigError(target.name, "driver 'edge' needs providers/edge.py (the "
-                                    f"edge-site ClusterDriver), which this build cannot import: "
-                                    f"{exc}") from exc
+        from providers.edge import EdgeSiteDriver
+
         site = str(target.options.get("site", target.name))
         cpu = sum(p.cpu_per_node * p.nodes for p in target.pools)
         mem = sum(p.memory_gib_per_node * p.nodes for p in target.pools)
         gpu = sum(p.gpu_per_node * p.nodes for p in target.pools)
-        driver: ClusterDriver = edge.EdgeSiteDriver(
+        driver: ClusterDriver = EdgeSiteDriver(
             site=site, transport=_HubTransport(self._hub), cpu=cpu, memory_gib=mem, gpu=gpu,
             command_timeout_s=float(target.options.get("command_timeout_s", 5.0)))
         return driver
@@ -510,22 +504,10 @@ class DriverRefreshLoop:
                     await self.registry.refresh(self._store)
                 except BrokerError as exc:  # the store is down: keep the drivers, try again
                     log.warning("refreshing cluster drivers failed: %s", exc.message)
-                await _sleep_or_stop(self._clock, self._interval_s, stop)
+                await sleep_or_stop(self._clock, self._interval_s, stop)
         finally:
             if self._close_on_stop and stop.is_set():
                 await self.registry.aclose()
-
-
-async def _sleep_or_stop(clock: Clock, seconds: float, stop: asyncio.Event) -> None:
-    waiter = asyncio.ensure_future(stop.wait())
-    sleeper = asyncio.ensure_future(clock.sleep(seconds))
-    try:
-        await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (waiter, sleeper):
-            t.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(waiter, sleeper, return_exceptions=True)
 
 
 # ---- wiring (broker/federation/registry.py) ---------------------------------------------

@@ -38,7 +38,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from broker.clock import Clock
+from broker.clock import Clock, sleep_or_stop
 from broker.errors import StoreError
 from providers.base import CloudProvider, Offer, Quota
 from providers.errors import ConfigError, ProviderError
@@ -129,14 +129,7 @@ class QuotaSync:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.sync_once()
-            waiter = asyncio.ensure_future(stop.wait())
-            sleeper = asyncio.ensure_future(self._clock.sleep(self._interval_s))
-            try:
-                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for t in (waiter, sleeper):
-                    t.cancel()
-                await asyncio.gather(waiter, sleeper, return_exceptions=True)
+            await sleep_or_stop(self._clock, self._interval_s, stop)
 
     async def sync_once(self) -> list[RegionResult]:
         """One pass over every account and region; accounts run concurrently."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from broker.clock import Clock
+from broker.clock import Clock, sleep_or_stop
 from broker.errors import BrokerError
 from providers.base import Capability, ClusterDriver
 
@@ -179,14 +179,7 @@ class TelemetryLoop:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.read_once()
-            waiter = asyncio.ensure_future(stop.wait())
-            sleeper = asyncio.ensure_future(self._clock.sleep(self._interval_s))
-            try:
-                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for t in (waiter, sleeper):
-                    t.cancel()
-                await asyncio.gather(waiter, sleeper, return_exceptions=True)
+            await sleep_or_stop(self._clock, self._interval_s, stop)
 
 
 def make_telemetry(services: Services) -> TelemetryLoop | None:

@@ -6,7 +6,6 @@ node size), so these run without a store.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -149,8 +148,6 @@ def edge_record(attrs: dict[str, Any] | None = None) -> ClusterRecord:
     return record(attrs, provider="edge", pools=(site,))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("providers.edge") is None,
-                    reason="providers/edge.py is not in this build")
 async def test_edge_driver_reaches_its_site_through_whatever_hub_runs_now() -> None:
     hub: list[FakeHub] = []
     target = target_for(edge_record({"edge": {"site": "muc-1", "commandTimeoutS": 2}}))
@@ -175,13 +172,6 @@ def test_edge_attrs_are_checked() -> None:
     assert target_for(edge_record()).options == {"site": "c1", "command_timeout_s": 5.0}
     with pytest.raises(DriverConfigError, match=r"unknown key\(s\) in attrs\.edge: mqtt"):
         target_for(edge_record({"edge": {"mqtt": "x"}}))
-
-
-@pytest.mark.skipif(importlib.util.find_spec("providers.edge") is not None,
-                    reason="providers/edge.py exists in this build")
-def test_edge_without_providers_edge_names_the_module() -> None:
-    with pytest.raises(DriverConfigError, match=r"cluster 'c1'.*providers/edge\.py"):
-        EdgeDriverFactory()(target_for(edge_record()))
 
 
 def test_camel_case_attrs_as_the_api_writes_them() -> None:
