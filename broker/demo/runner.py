@@ -72,6 +72,7 @@ class Narrator:
                                      headers={"Authorization": f"Bearer {stack.token}"})
         self.workloads: list[dict[str, Any]] = []
         self.placements: dict[str, dict[str, Any]] = {}  # workload name -> placement view
+        self.display: dict[str, str] = {}  # workload id -> workload name
 
     async def aclose(self) -> None:
         await self.api.aclose()
@@ -295,10 +296,12 @@ class Narrator:
             report.skipped(self.console, "edge failover", "; ".join(stack.notes) or "no agents")
             return
         host, port = stack.mqtt_host_port
-        edge = [w for w in self.fed.workloads if w.edge]
+        # The hub adopts the latency-critical services the LP put on edge sites by
+        # itself (broker/federation/edge_services.py), under their workload ids.
+        self.display = {str(p["workloadId"]): name for name, p in self.placements.items()}
+        names = [str(self.placements[w.spec.name]["workloadId"]) for w in self.fed.workloads
+                 if w.edge and w.spec.name in self.placements]
         async with RouteWatcher(host, port).running() as watcher:
-            await self._register_edge_services(edge)
-            names = [w.spec.name for w in edge]
             ready = await watcher.wait_for(
                 lambda v: any(self._standby_ready(n) and v.route(n) is not None for n in names),
                 15.0)
@@ -306,8 +309,8 @@ class Narrator:
             for n in names:
                 r = watcher.route(n)
                 standby, warm = self._standby(n)
-                self.console.print(f"  route {n}: serving at {r.site if r else '?'}, warm standby "
-                                   f"at {standby or 'none within the RTT target'}"
+                self.console.print(f"  route {self._name(n)}: serving at {r.site if r else '?'}, "
+                                   f"warm standby at {standby or 'none within the RTT target'}"
                                    f"{'' if warm or not standby else ' (warming)'}")
             victim = next((n for n in names if self._standby_ready(n)), None)
             if not ready or victim is None:
@@ -337,8 +340,8 @@ class Narrator:
         self.console.print(f"  detection (Last Will on the broker): {_ms(obs.detect_ms)}")
         self.console.print(f"  standby serving + route published:  {_ms(obs.serving_ms)}")
         if obs.new_site:
-            self.console.print(f"  new route: {victim} -> {obs.new_site} (epoch {obs.epoch}), "
-                               f"new standby {obs.new_standby or '-'}")
+            self.console.print(f"  new route: {self._name(victim)} -> {obs.new_site} "
+                               f"(epoch {obs.epoch}), new standby {obs.new_standby or '-'}")
         for rec in list(getattr(getattr(self.stack.hub, "core", None), "failovers", []))[-1:]:
             self.console.print(f"  hub's own record: last heard -> declared down "
                                f"{rec.detect_ms:.1f} ms (cause: {rec.cause}), declared down -> "
@@ -361,8 +364,8 @@ class Narrator:
         route = watcher.route(service)
         standby, _ = self._standby(service)
         where = route.site if route else "?"
-        self.console.print(f"  {service} now served at {where}, warm standby {standby or '-'} "
-                           "(moves back only if it beats the hysteresis)")
+        self.console.print(f"  {self._name(service)} now served at {where}, warm standby "
+                           f"{standby or '-'} (moves back only if it beats the hysteresis)")
 
     def _standby(self, service: str) -> tuple[str, bool]:
         """(standby site, ready) from the hub's own state (it runs in this process)."""
@@ -373,25 +376,10 @@ class Narrator:
         standby, ready = self._standby(service)
         return bool(standby) and ready
 
-    async def _register_edge_services(self, edge: list[Any]) -> None:
-        """Hand latency-critical edge workloads to the hub unless the broker already did."""
-        from broker.federation.edge_hub import EdgeService
-        from broker.placement.standby import EdgeServiceNeed
-        from edge_agent.protocol import ServiceSpec
-
-        hub = self.stack.hub
-        known = getattr(getattr(hub, "core", None), "services", {})
-        for w in edge:
-            if w.spec.name in known:
-                continue
-            user = self.fed.user_region(w.users)
-            if user is None:
-                continue
-            need = EdgeServiceNeed(name=w.spec.name, user_lat=user.lat, user_lon=user.lon,
-                                   rtt_target_ms=self.stack.settings.edge.rtt_target_ms,
-                                   resources=w.spec.total, user_key=user.name)
-            await hub.add_service(EdgeService(need=need, spec=ServiceSpec(name=w.spec.name),
-                                              images=(w.spec.image,)))
+    def _name(self, service: str) -> str:
+        """`name (workload id)` for a service the hub knows by its workload id."""
+        name = self.display.get(service)
+        return f"{name} ({service})" if name else service
 
 
 def _ms(v: float | None) -> str:

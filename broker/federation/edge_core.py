@@ -67,6 +67,9 @@ class EdgeService:
     spec: ServiceSpec
     data: tuple[DataItem, ...] = ()
     images: tuple[str, ...] = ()
+    # Where the placement LP put it (the dispatcher already started it there): serve
+    # there first when it is feasible, rather than re-deciding.
+    prefer_site: str = ""
 
 
 @dataclass(frozen=True)
@@ -455,7 +458,7 @@ class HubCore:
         if not ranked:
             return [Record("edge_no_feasible_site", {"service": state.svc.spec.name})]
         # after a hub restart, keep serving where the retained route says it runs
-        keep = self._route_sites.pop(state.svc.spec.name, "")
+        keep = self._route_sites.pop(state.svc.spec.name, "") or state.svc.prefer_site
         state.primary = next((c.site for c in ranked if c.site == keep), ranked[0].site)
         if state.standby == state.primary:
             state.standby, state.standby_ready = "", False

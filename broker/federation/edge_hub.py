@@ -81,6 +81,7 @@ _mqtt_log.addFilter(_DropPendingPublishWarnings())
 Clock = Callable[[], float]  # milliseconds
 Recorder = Callable[[str, dict[str, Any]], Awaitable[None]]
 SiteLoader = Callable[[], Awaitable[Sequence[Site]]]
+ServiceLoader = Callable[[], Awaitable[Sequence[EdgeService]]]
 
 
 def wall_clock_ms() -> float:
@@ -96,11 +97,15 @@ class EdgeHub:
                  prefix: str = DEFAULT_PREFIX, clock: Clock = wall_clock_ms,
                  recorder: Recorder | None = None, tick_ms: float = 20.0,
                  core: HubCore | None = None, client_id: str | None = None,
-                 site_loader: SiteLoader | None = None, site_refresh_s: float = 30.0) -> None:
+                 site_loader: SiteLoader | None = None, site_refresh_s: float = 30.0,
+                 service_loader: ServiceLoader | None = None,
+                 service_refresh_s: float = 2.0) -> None:
         self.core = core or HubCore(settings)
         self.core.expected_tick_ms = tick_ms
         self.site_loader = site_loader
         self.site_refresh_s = site_refresh_s
+        self.service_loader = service_loader
+        self.service_refresh_s = service_refresh_s
         self._waiters: dict[str, asyncio.Future[Ack]] = {}
         self._records: asyncio.Queue[Record] = asyncio.Queue(maxsize=10_000)
         self.mqtt = mqtt
@@ -157,6 +162,8 @@ class EdgeHub:
                              self._ticks(hb), self._publisher(pub), self._recorder_loop()]
                     if self.site_loader is not None:
                         loops.append(self._site_refresh(self.site_loader))
+                    if self.service_loader is not None:
+                        loops.append(self._service_refresh(self.service_loader))
                     await _until_first(*loops)
             except aiomqtt.MqttError as exc:
                 log.warning("edge hub lost MQTT broker %s:%s: %s", url.hostname, url.port, exc)
@@ -304,6 +311,20 @@ class EdgeHub:
                 log.exception("edge hub could not load sites")
             await asyncio.sleep(self.site_refresh_s)
 
+    async def _service_refresh(self, loader: ServiceLoader) -> None:
+        """Adopt latency-critical services the placement loop put on edge sites: the hub
+        then keeps a warm standby for each and fails it over. Known ones are left alone."""
+        while True:
+            try:
+                for svc in await loader():
+                    if svc.spec.name not in self.core.services:
+                        await self.add_service(svc)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("edge hub could not load edge services")
+            await asyncio.sleep(self.service_refresh_s)
+
     # EdgeTransport (providers/edge.py): the dispatcher's plain path to a site
     async def send_command(self, *, site: str, kind: str,
                            service: Mapping[str, Any] | None = None, service_name: str = "",
@@ -377,7 +398,10 @@ def make_edge_hub(services: Services) -> EdgeHub | None:
         async with store.unit() as uow:
             return list(await uow.sites.list())
 
+    from broker.federation.edge_services import edge_services_loader
+
     hub = EdgeHub(settings=settings.edge, mqtt=settings.mqtt, recorder=StoreRecorder(store),
-                  clock=lambda: clock.now() * 1000.0, site_loader=load_sites)
+                  clock=lambda: clock.now() * 1000.0, site_loader=load_sites,
+                  service_loader=edge_services_loader(services))
     services.extras["edge_hub"] = hub
     return hub
