@@ -60,6 +60,15 @@ FAMILIES = (
 )
 EGRESS_SAME_PROVIDER_USD_PER_GB = 0.02
 EGRESS_INTERNET_USD_PER_GB = 0.09
+# Marginal cost of a replica on fixed, already-paid hardware (PricingModel.EDGE: edge and
+# on-prem sites at an amortised price, paid whether used or not), as a fraction of its
+# apportioned price. Only the running cost (power, cooling) grows with use; it is of the order
+# of a tenth of a server's total cost of ownership (Barroso, Hoelzle & Ranganathan, "The
+# Datacenter as a Computer", 3rd ed., ch. 6: energy-related costs ~10-20 % of TCO). An
+# assumption stated as one; without it the planner bought cloud nodes while paid sites idled.
+# Opt-in through PlannerConfig.site_cost_fraction (default 1.0 = the apportioned price); the
+# digital twin runs with this value (broker/sim/engine.py SimConfig).
+SUNK_SITE_COST_FRACTION = 0.1
 # Fraction of a stale quota the planner dares to use (quota sync failed).
 STALE_QUOTA_FRACTION = 0.5
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
@@ -224,7 +233,8 @@ def _running_names_by_cluster(snapshot: FederationSnapshot) -> dict[str, set[str
 
 def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      k: int, service_horizon_h: float,
-                     workloads: Sequence[Workload] | None = None) -> CandidateSet:
+                     workloads: Sequence[Workload] | None = None,
+                     site_cost_fraction: float = 1.0) -> CandidateSet:
     """Feasibility, cost and the k best options of every pending workload."""
     wls = tuple(snapshot.pending if workloads is None else workloads)
     options = build_options(snapshot)
@@ -244,7 +254,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     counts = tuple({FAMILIES[j]: int(row[j]) for j in np.flatnonzero(row)}
                    for row in ruled_out)
     parts = _costs(snapshot, action, wls, options, clusters, demand, node,
-                   service_horizon_h)
+                   service_horizon_h, site_cost_fraction)
     compute, egress, latency, bias, usdh, rtt = parts
     cost = np.where(feasible, compute + egress + latency + bias, np.inf)
     domains = tuple(
@@ -364,7 +374,8 @@ def _avoid_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
 
 def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Workload],
            options: Sequence[Option], clusters: Mapping[str, Cluster], demand: FloatArray,
-           node: FloatArray, service_horizon_h: float) -> tuple[FloatArray, ...]:
+           node: FloatArray, service_horizon_h: float,
+           site_cost_fraction: float = 1.0) -> tuple[FloatArray, ...]:
     """compute, egress, latency, bias, usd_per_hour, rtt_ms: each W x O, per replica."""
     n_w, n_o = len(wls), len(options)
     # Dominant share; a resource the node lacks counts 0 here (the pair is
@@ -376,7 +387,11 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
     price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
     usdh = share * price[None, :]
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
-    compute = usdh * hours[:, None]
+    # With site_cost_fraction < 1 the objective prices the marginal cost of fixed sites (paid
+    # anyway, see SUNK_SITE_COST_FRACTION); `usdh` stays the apportioned price for budgets.
+    marginal = np.array([site_cost_fraction if o.pool.pricing == PricingModel.EDGE
+                         else 1.0 for o in options], dtype=np.float64)
+    compute = usdh * marginal[None, :] * hours[:, None]
     bias_c = np.array([action.cluster_bias_usd_per_hour.get(o.cluster.name, 0.0)
                        for o in options], dtype=np.float64)
     bias = hours[:, None] * bias_c[None, :]

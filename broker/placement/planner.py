@@ -71,6 +71,10 @@ class PlannerConfig:
     # The LP relaxation must finish (its x guides the rounding, its value is the
     # bound): a separate, generous limit; `time_limit_s` boxes pricing + MIP.
     lp_time_limit_s: float = 60.0
+    # Objective price of a replica on fixed, already-paid sites (PricingModel.EDGE) as a
+    # fraction of the apportioned price: 1.0 = apportioned; candidates.SUNK_SITE_COST_FRACTION
+    # (0.1) = marginal running cost (the digital twin uses it; see docs/twin.md).
+    site_cost_fraction: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,8 @@ def plan_epoch(
         raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     t0 = time.perf_counter()
     cs = build_candidates(snapshot, action, k=config.k_candidates,
-                          service_horizon_h=config.service_horizon_h)
+                          service_horizon_h=config.service_horizon_h,
+                          site_cost_fraction=config.site_cost_fraction)
     return plan_candidates(cs, snapshot, config, policy=policy,
                            candidates_s=time.perf_counter() - t0)
 

@@ -35,6 +35,7 @@ from broker.domain import (
     Resources,
     UserRegion,
 )
+from broker.placement.candidates import SUNK_SITE_COST_FRACTION
 from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.sim import physics
 from broker.sim.metrics import Metrics
@@ -61,7 +62,9 @@ class Controller(Protocol):
 class SimConfig:
     policy: str = "lp"
     # Decision records are not needed in the twin and never change a decision: off for speed.
-    planner: PlannerConfig = field(default_factory=lambda: PlannerConfig(explain=False))
+    # Fixed sites are priced at their marginal cost (candidates.SUNK_SITE_COST_FRACTION).
+    planner: PlannerConfig = field(default_factory=lambda: PlannerConfig(
+        explain=False, site_cost_fraction=SUNK_SITE_COST_FRACTION))
     fixed_action: PolicyAction = field(default_factory=PolicyAction)
     decision_interval_s: float = 300.0
     housekeeping_s: float = 300.0
@@ -441,11 +444,7 @@ class Engine:
             placed += 1
         if not placed:
             return 0
-        # New work lands on (some of) the idle nodes: their scale-in timers restart.
-        timed = sorted((n for n in p.node_list if n.idle_since is not None),
-                       key=lambda n: n.idle_since or 0.0)
-        for n in timed[:math.ceil(ev.cpu * placed / max(p.node.cpu, 1e-9))]:
-            n.idle_since = None
+        self._touch_idle(p, gpu_nodes)
         p.demand_cpu_per_s += ev.cpu * placed / self.config.demand_tau_s
         p.demand_gpu_per_s += ev.gpu * placed / self.config.demand_tau_s
         self.metrics.pools_changed()
@@ -467,6 +466,37 @@ class Engine:
         ws.groups.append(g)
         self._push(g.ready_s, _READY, (ev.id, g.token))
         return placed
+
+    @staticmethod
+    def _touch_idle(p: SimPool, gpu_nodes: list[list[Node]]) -> None:
+        """Restart the scale-in timers of the idle nodes that new work actually lands on.
+
+        The scheduler bin-packs (kube-scheduler NodeResourcesFit `MostAllocated`; GKE's
+        `optimize-utilization` profile pairs scale-down with such packing): new replicas fill the
+        free room of busy nodes first and touch an idle node only for the part that does not
+        fit there; then the most recently idle nodes are used, so long-idle nodes keep their
+        timers. (The first version restarted the longest-idle timers on every placement, which
+        under steady churn kept idle nodes alive for hours: measured 0.43 CPU utilisation.)
+        """
+        for grp in gpu_nodes:
+            for n in grp:
+                n.idle_since = None
+        timed = [n for n in p.node_list if n.idle_since is not None]
+        if not timed:
+            return
+        free = p.free()
+        busy_cpu = free.cpu - len(timed) * p.node.cpu
+        busy_mem = free.memory_gib - len(timed) * p.node.memory_gib
+        need = 0
+        if busy_cpu < -1e-9 and p.node.cpu > 0:
+            need = math.ceil(-busy_cpu / p.node.cpu - 1e-9)
+        if busy_mem < -1e-9 and p.node.memory_gib > 0:
+            need = max(need, math.ceil(-busy_mem / p.node.memory_gib - 1e-9))
+        if need <= 0:
+            return
+        timed.sort(key=lambda n: -(n.idle_since or 0.0))
+        for n in timed[:need]:
+            n.idle_since = None
 
     def _fits_aggregate(self, c: SimCluster, p: SimPool, cpu: float, mem: float) -> bool:
         free = p.free()

@@ -5,7 +5,9 @@ saw, so every episode draws a fresh scenario from broker/sim/randomize.py (regio
 faults, demand shapes); `--scenario` files may be mixed in, but no constant here is fitted to
 the shipped scenarios.
 
-Reward (per decision interval, negated weighted sum of normalised deltas):
+Reward (per decision interval, negated weighted sum of normalised deltas, each minus what
+fixed-weight lp incurred over the same simulated interval of the same scenario when
+`relative_reward`, see `baseline_totals`):
     r = -( w_cost  * cost_usd / COST_SCALE
          + w_slo   * slo-violating replica-s / SLO_SCALE
          + w_xzone * cross-zone GB / XZONE_SCALE
@@ -38,7 +40,7 @@ from broker.placement.policy import ActorCritic, GraphObs, gaussian_log_prob, to
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.observe import build_edges, observe
 from broker.sim.randomize import random_draft
-from broker.sim.scenario import Scenario, ScenarioError, load_scenario
+from broker.sim.scenario import CatalogLike, Scenario, ScenarioError, load_scenario
 from providers.catalog import Catalog
 
 COST_SCALE = 10.0
@@ -72,6 +74,9 @@ class TrainConfig:
     weights: RewardWeights = field(default_factory=RewardWeights)
     episodes_per_update: int = 2
     decision_interval_s: float = 300.0
+    # Reward relative to fixed-weight lp on the same scenario (see `baseline_totals`); off:
+    # measured no better in an 8-minute run (docs/twin.md).
+    relative_reward: bool = False
 
 
 def load_target(path: Path | None) -> dict[str, float]:
@@ -109,25 +114,38 @@ class Recorder:
     """Engine controller: samples actions and records (obs, action, reward) per decision."""
 
     def __init__(self, model: ActorCritic, weights: RewardWeights, gen: torch.Generator,
-                 *, sample: bool = True) -> None:
+                 *, sample: bool = True,
+                 baseline: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.model = model
         self.weights = weights
         self.gen = gen
         self.sample = sample
+        self.baseline = baseline  # (times, totals T x 5) of fixed-weight lp, same scenario
         self.steps: list[Step] = []
         self._last: tuple[float, ...] | None = None
+        self._last_t = 0.0
         self._edges: tuple[np.ndarray, np.ndarray] | None = None
 
     def _totals(self, engine: Engine) -> tuple[float, ...]:
-        m = engine.metrics
-        return (m.cost_usd + m.egress_usd, m.slo_violation_s, m.xz_gb, m.queue_replica_s,
-                sum(m.gpu_start_s))
+        return totals(engine)
+
+    def _base(self, t: float) -> np.ndarray:
+        if self.baseline is None:
+            return np.zeros(5)
+        ts, tot = self.baseline
+        return np.array([np.interp(t, ts, tot[:, k]) for k in range(tot.shape[1])])
 
     def _reward(self, engine: Engine) -> float:
         now = self._totals(engine)
         last = self._last or now
         d = [a - b for a, b in zip(now, last, strict=True)]
         self._last = now
+        if self.baseline is not None:
+            # What fixed-weight lp incurred over the same simulated interval is subtracted:
+            # the scenario's own swings (a burst, an outage) cancel, the policy's effect stays.
+            db = self._base(engine.now) - self._base(self._last_t)
+            d = [a - float(b) for a, b in zip(d, db, strict=True)]
+        self._last_t = engine.now
         w = self.weights
         return -(w.cost * d[0] / COST_SCALE + w.slo * d[1] / SLO_SCALE + w.xzone * d[2]
                  / XZONE_SCALE + w.queue * d[3] / QUEUE_SCALE + w.gpu * d[4] / GPU_SCALE)
@@ -146,6 +164,46 @@ class Recorder:
     def finish(self, engine: Engine) -> None:
         if self.steps:
             self.steps[-1].reward = self._reward(engine)
+
+
+def totals(engine: Engine) -> tuple[float, ...]:
+    """Cumulative cost, SLO-violating replica-s, cross-zone GB, queue replica-s, GPU start s."""
+    m = engine.metrics
+    return (m.cost_usd + m.egress_usd, m.slo_violation_s, m.xz_gb, m.queue_replica_s,
+            sum(m.gpu_start_s))
+
+
+class _TotalsTrace:
+    """Controller for the baseline run: fixed action, totals recorded at every decision."""
+
+    def __init__(self) -> None:
+        self.t: list[float] = [0.0]
+        self.rows: list[tuple[float, ...]] = [(0.0,) * 5]
+
+    def act(self, engine: Engine, now_s: float) -> PolicyAction:
+        self.t.append(now_s)
+        self.rows.append(totals(engine))
+        return engine.config.fixed_action
+
+
+def baseline_totals(scn: Scenario, catalog: CatalogLike,
+                    decision_interval_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed-weight lp on `scn` (same seed, same decision cadence): cumulative totals over time.
+
+    Why: episodes are random scenarios whose absolute cost differs by orders of magnitude, so
+    an absolute reward is mostly scenario noise; the difference to lp over the same interval is
+    the part the policy caused (a counterfactual baseline; Wu et al. 2018 on action-dependent
+    baselines, here simply the fixed policy's own return). Doubles the simulation per episode.
+    """
+    trace = _TotalsTrace()
+    eng = Engine(scn, catalog, SimConfig(policy="lp+rl", decision_interval_s=decision_interval_s),
+                 controller=trace)
+    eng.run()
+    trace.t.append(eng.now)
+    trace.rows.append(totals(eng))
+    ts = np.array(trace.t, dtype=np.float64)
+    order = np.argsort(ts, kind="stable")
+    return ts[order], np.array(trace.rows, dtype=np.float64)[order]
 
 
 def draw_scenario(catalog: Catalog, rng: random.Random, extra: list[Scenario]) -> Scenario:
@@ -253,7 +311,9 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
         elif time.perf_counter() - t0 >= budget_s:
             break
         scn = draw_scenario(catalog, rng, extra)
-        rec = Recorder(model, cfg.weights, gen)
+        base = baseline_totals(scn, catalog, cfg.decision_interval_s) \
+            if cfg.relative_reward else None
+        rec = Recorder(model, cfg.weights, gen, baseline=base)
         ep = rollout(scn, catalog, rec, cfg.decision_interval_s)
         episodes += 1
         steps += len(ep)

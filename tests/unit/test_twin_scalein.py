@@ -1,0 +1,52 @@
+"""Scale-in timers under a bin-packing scheduler (docs/twin.md, "where new work lands")."""
+
+from __future__ import annotations
+
+from broker.domain import Resources
+from broker.sim.engine import Engine
+from broker.sim.scenario import PoolSpec
+from broker.sim.state import Node, SimPool
+
+
+def _pool(n_nodes: int) -> SimPool:
+    spec = PoolSpec(name="p", instance_type="p", node=Resources(4.0, 16.0, 0), nodes=n_nodes,
+                    max_nodes=10, spot=False, price_usd_per_hour=1.0)
+    return SimPool(spec=spec, cluster="c", node_list=[Node(0.0, 0) for _ in range(n_nodes)])
+
+
+def test_work_that_fits_busy_nodes_keeps_idle_timers() -> None:
+    p = _pool(3)
+    p.node_list[1].idle_since = 100.0
+    p.node_list[2].idle_since = 200.0
+    p.used_cpu, p.used_mem = 3.0, 3.0  # one busy node with 1 vCPU free, then 1 more arrives
+    p.used_cpu += 1.0
+    Engine._touch_idle(p, [])
+    assert [n.idle_since for n in p.node_list] == [None, 100.0, 200.0]
+
+
+def test_overflow_restarts_the_most_recently_idle_timer_only() -> None:
+    p = _pool(3)
+    p.node_list[1].idle_since = 100.0
+    p.node_list[2].idle_since = 200.0
+    p.used_cpu, p.used_mem = 6.0, 6.0  # 2 vCPU more than the busy node holds
+    Engine._touch_idle(p, [])
+    assert p.node_list[1].idle_since == 100.0  # the longest-idle node keeps counting
+    assert p.node_list[2].idle_since is None
+
+
+def test_baseline_totals_replay_fixed_weight_lp() -> None:
+    # The relative reward's baseline is fixed-weight lp itself: same cost, sorted times.
+    from typing import cast
+
+    from broker.sim.train import baseline_totals
+    from tests.unit.test_twin_engine import doc, run, scenario
+    from tests.unit.test_twin_scenario import FakeCatalog
+
+    trace = "".join(f"j{i},{i * 200},batch,2,1,1,0,600,,,0,,0\n" for i in range(8))
+    scn = scenario(doc(nodes=1, max_nodes=6, horizon_s=2400.0), trace)
+    ts, tot = baseline_totals(scn, FakeCatalog(), 300.0)
+    lp, _ = run(scn, "lp")
+    assert list(ts) == sorted(ts)
+    assert ts[-1] == 2400.0
+    assert all(b >= a - 1e-9 for a, b in zip(tot[:-1, 0], tot[1:, 0], strict=True))
+    assert abs(float(tot[-1, 0]) - float(cast(float, lp["cost_usd"]))) < 0.01
