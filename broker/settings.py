@@ -82,6 +82,10 @@ class PlacementSettings(BaseModel):
     latency_weight_usd_per_ms: float = Field(default=0.001, ge=0)
     headroom: float = Field(default=0.9, gt=0, le=1)
     unplaced_penalty_usd: float = Field(default=1000.0, gt=0)
+    # Marginal cost of fixed (edge/on-prem) sites as a fraction of their amortised price; see
+    # broker/placement/candidates.py SUNK_SITE_COST_FRACTION (the default). Budgets always
+    # use the full price.
+    site_cost_fraction: float = Field(default=0.1, ge=0, le=1)
     lp_file_dir: str | None = None  # write each model as an LP file (debugging)
     # Named user regions (`[[placement.user_regions]]`); besides these a workload's
     # userRegion may be a catalog region (`aws:eu-central-1`) or an edge site's name.

@@ -64,7 +64,8 @@ _FOREVER_REASONS = ("infeasible", "no options")
 def planner_config(settings: PlacementSettings) -> PlannerConfig:
     return PlannerConfig(solver=settings.solver, k_candidates=settings.k_candidates,
                          mip_gap=settings.mip_gap, time_limit_s=settings.time_limit_s,
-                         unplaced_penalty_usd=settings.unplaced_penalty_usd)
+                         unplaced_penalty_usd=settings.unplaced_penalty_usd,
+                         site_cost_fraction=settings.site_cost_fraction)
 
 
 def fixed_action(settings: PlacementSettings) -> ActionFn:

@@ -66,8 +66,9 @@ EGRESS_INTERNET_USD_PER_GB = 0.09
 # of a tenth of a server's total cost of ownership (Barroso, Hoelzle & Ranganathan, "The
 # Datacenter as a Computer", 3rd ed., ch. 6: energy-related costs ~10-20 % of TCO). An
 # assumption stated as one; without it the planner bought cloud nodes while paid sites idled.
-# Opt-in through PlannerConfig.site_cost_fraction (default 1.0 = the apportioned price); the
-# digital twin runs with this value (broker/sim/engine.py SimConfig).
+# The default of PlannerConfig.site_cost_fraction, so the live broker and the twin price fixed
+# sites alike; operators set `placement.site_cost_fraction = 1.0` to charge the full amortised
+# price instead (e.g. when an idle site could be powered down or resold).
 SUNK_SITE_COST_FRACTION = 0.1
 # Fraction of a stale quota the planner dares to use (quota sync failed).
 STALE_QUOTA_FRACTION = 0.5

@@ -31,7 +31,7 @@ import numpy as np
 from broker.domain import FederationSnapshot, Placement, PolicyAction
 from broker.placement import explain, lp, pricing, rounding
 from broker.placement.baselines import greedy, traditional
-from broker.placement.candidates import CandidateSet, build_candidates
+from broker.placement.candidates import SUNK_SITE_COST_FRACTION, CandidateSet, build_candidates
 from broker.placement.ledger import Ledger, penalties
 
 POLICIES = ("lp", "greedy", "traditional")
@@ -74,7 +74,7 @@ class PlannerConfig:
     # Objective price of a replica on fixed, already-paid sites (PricingModel.EDGE) as a
     # fraction of the apportioned price: 1.0 = apportioned; candidates.SUNK_SITE_COST_FRACTION
     # (0.1) = marginal running cost (the digital twin uses it; see docs/twin.md).
-    site_cost_fraction: float = 1.0
+    site_cost_fraction: float = SUNK_SITE_COST_FRACTION
 
 
 @dataclass(frozen=True, slots=True)

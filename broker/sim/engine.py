@@ -35,7 +35,6 @@ from broker.domain import (
     Resources,
     UserRegion,
 )
-from broker.placement.candidates import SUNK_SITE_COST_FRACTION
 from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.sim import physics
 from broker.sim.metrics import Metrics
@@ -62,9 +61,8 @@ class Controller(Protocol):
 class SimConfig:
     policy: str = "lp"
     # Decision records are not needed in the twin and never change a decision: off for speed.
-    # Fixed sites are priced at their marginal cost (candidates.SUNK_SITE_COST_FRACTION).
-    planner: PlannerConfig = field(default_factory=lambda: PlannerConfig(
-        explain=False, site_cost_fraction=SUNK_SITE_COST_FRACTION))
+    # Fixed sites are priced at their marginal cost, as live (PlannerConfig's default).
+    planner: PlannerConfig = field(default_factory=lambda: PlannerConfig(explain=False))
     fixed_action: PolicyAction = field(default_factory=PolicyAction)
     decision_interval_s: float = 300.0
     housekeeping_s: float = 300.0

@@ -22,7 +22,9 @@ from broker.placement.planner import PlannerConfig, PlannerError, plan_epoch
 
 from .placement_world import federation, pool, snapshot, workload
 
-CONFIG = PlannerConfig(time_limit_s=2.0)
+# Fixed sites at their full apportioned price, so the world's cloud options compete with
+# the edge site on these tests' terms (marginal site pricing has its own test).
+CONFIG = PlannerConfig(time_limit_s=2.0, site_cost_fraction=1.0)
 ACTION = PolicyAction()
 
 
@@ -307,3 +309,20 @@ def test_ejection_move_makes_room_for_a_blocked_workload() -> None:
     assert ledger.x[0] == {0: 1}
     assert ledger.x[1] == {1: 1}
     assert ledger.objective(pen) < before
+
+
+def test_paid_fixed_sites_are_used_before_buying_cloud_nodes() -> None:
+    """At marginal pricing (the default) an already-paid edge site wins over a cheaper-looking
+    spot node; at the full apportioned price it does not. Budgets use the full price either way."""
+    from broker.placement.candidates import SUNK_SITE_COST_FRACTION
+    from broker.settings import PlacementSettings
+
+    assert PlacementSettings().site_cost_fraction == SUNK_SITE_COST_FRACTION
+    assert PlannerConfig().site_cost_fraction == SUNK_SITE_COST_FRACTION
+    snap = snapshot((workload("a", replicas=2),))
+    marginal = plan_epoch(snap, ACTION, PlannerConfig(time_limit_s=2.0))
+    full = plan_epoch(snap, ACTION, CONFIG)
+    assert {a.pool for p in marginal.placements for a in p.assignments} == {"edge"}
+    assert "edge" not in {a.pool for p in full.placements for a in p.assignments}
+    site_price = marginal.placements[0].cost_usd_per_hour
+    assert site_price > 0  # the placement still reports what the site costs
