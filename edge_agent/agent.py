@@ -26,7 +26,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from edge_agent.protocol import (
     Status,
     Telemetry,
     Topics,
+    cancel_all,
     decode,
     encode,
     now_ms,
@@ -470,27 +471,9 @@ async def _first_done(*aws: Awaitable[Any]) -> int:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await _cancel_all(tasks)
+        await cancel_all(tasks)
     first = next(i for i, t in enumerate(tasks) if t in done)
     exc = tasks[first].exception()
     if exc is not None:
         raise exc
     return first
-
-
-async def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
-    """Cancel `tasks` and wait for them, cancelling again any that keep running.
-
-    On Python 3.11 `asyncio.wait_for` (inside aiomqtt's QoS 1 publish) can swallow a
-    cancellation that races its result (CPython gh-86296); the loop that called it
-    then runs on and a single cancel() would wait on it forever (seen: a heartbeat
-    loop that outlived its session). Re-cancelling reaches its next await.
-    """
-    for t in tasks:
-        t.cancel()
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        _, pending = await asyncio.wait(pending, timeout=0.2)
-        for t in pending:
-            t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)

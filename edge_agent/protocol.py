@@ -42,9 +42,11 @@ never crash the loops on the other side.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 from pydantic import (
@@ -333,3 +335,22 @@ class Topics:
         if len(parts) == 2 and parts[0] == "routes" and parts[1]:
             return "routes", parts[1]
         return None
+
+
+async def cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel a session's loops and wait for them, cancelling again any that keep running.
+
+    Both ends of the protocol run their session as a few loops and stop them this
+    way. On Python 3.11 `asyncio.wait_for` (inside aiomqtt's QoS 1 publish) can
+    swallow a cancellation that races its result (CPython gh-86296); the loop that
+    called it then runs on, and a single cancel() would wait on it forever (seen: a
+    heartbeat loop that outlived its session). Re-cancelling reaches its next await.
+    """
+    for t in tasks:
+        t.cancel()
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=0.2)
+        for t in pending:
+            t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

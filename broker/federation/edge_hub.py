@@ -45,6 +45,7 @@ from edge_agent.protocol import (
     Status,
     Telemetry,
     Topics,
+    cancel_all,
     decode,
     encode,
 )
@@ -353,7 +354,7 @@ async def _until_first(*aws: Awaitable[Any]) -> None:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await _cancel_all(tasks)
+        await cancel_all(tasks)
     for t in done:
         exc = t.exception()
         if exc is not None:
@@ -403,21 +404,3 @@ def make_edge_hub(services: Services) -> EdgeHub | None:
                   service_loader=edge_services_loader(services))
     services.extras["edge_hub"] = hub
     return hub
-
-
-async def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
-    """Cancel `tasks` and wait for them, cancelling again any that keep running.
-
-    On Python 3.11 `asyncio.wait_for` (inside aiomqtt's QoS 1 publish) can swallow a
-    cancellation that races its result (CPython gh-86296); the loop that called it
-    then runs on and a single cancel() would wait on it forever (seen: a heartbeat
-    loop that outlived its session). Re-cancelling reaches its next await.
-    """
-    for t in tasks:
-        t.cancel()
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        _, pending = await asyncio.wait(pending, timeout=0.2)
-        for t in pending:
-            t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
