@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import statistics
-import sys
 import time
 from typing import Annotated, Any
 
@@ -218,21 +216,6 @@ def run_size(catalog: Catalog, size: str, *, repeats: int, seed: int,
     }
 
 
-def _silence_highs_banner() -> None:
-    """HiGHS prints a banner on stdout at its first construction: swallow it once."""
-    import highspy
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            highspy.Highs()  # type: ignore[no-untyped-call]
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def register(app: typer.Typer) -> None:
     """Mount this benchmark on `skyfed bench`."""
 
@@ -246,7 +229,6 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """LP vs greedy vs traditional on generated batches priced from the catalog."""
-        _silence_highs_banner()
         catalog = Catalog.load()
         config = PlannerConfig(k_candidates=k)
         out = {s: run_size(catalog, s, repeats=repeats, seed=seed, config=config)
