@@ -22,11 +22,14 @@ __all__ = [
     "DataSource",
     "FederationSnapshot",
     "Interconnect",
+    "NodeLeaving",
+    "NodeState",
     "Offer",
     "Placement",
     "PolicyAction",
     "Pool",
     "PricingModel",
+    "Provenance",
     "Resources",
     "Site",
     "SiteHealth",
@@ -159,6 +162,50 @@ class Workload:
     submitted_s: float = 0.0  # seconds on the caller's clock (epoch s live, sim s in the twin)
 
 
+class NodeLeaving(enum.StrEnum):
+    """Why a node is about to go: its replicas must be re-placed before it disappears."""
+
+    NO = ""
+    CORDONED = "cordoned"  # spec.unschedulable (kubectl cordon / drain)
+    NOT_READY = "not-ready"  # Ready condition False or Unknown
+    TERMINATING = "terminating"  # a termination taint (spot interruption notice, scale-down)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One node of a pool as last observed: driver inventory live, a simulated node in the twin.
+
+    Only what a decision needs. `idle_since_s` is the scale-in timer (Cluster Autoscaler's
+    "unneeded since"): when the node was first seen without workload replicas, on the caller's
+    clock; None while something runs there. `booting`: ordered/provisioning, not Ready yet.
+    """
+
+    name: str
+    cpu_allocated: float = 0.0
+    memory_allocated_gib: float = 0.0
+    gpu_free: int = 0
+    # Largest set of free GPUs on this node connected by the pool's interconnect (topology.py).
+    largest_free_gpu_set: int = 0
+    booting: bool = False
+    leaving: NodeLeaving = NodeLeaving.NO
+    idle_since_s: float | None = None
+    prewarmed: bool = False  # images pulled while the node was idle (prewarm)
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a merged value came from and how old it is (placement/snapshot.py's merge).
+
+    `source` names the sensor: registration | inventory | sync | catalog | telemetry | hub |
+    agent | estimate | twin. `age_s` is now minus when it was read; `stale` marks data used
+    past its freshness limit (with the configured safety margin applied).
+    """
+
+    source: str
+    age_s: float = 0.0
+    stale: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Pool:
     """A node pool of one instance type in one cluster."""
@@ -176,6 +223,11 @@ class Pool:
     # Largest set of GPUs free on one node with the pool's interconnect (topology.py).
     largest_free_gpu_set: int = 0
     reclaim_rate_per_hour: float = 0.0  # spot reclaim hazard
+    # Per-node observed state; empty when only aggregates are known (then `nodes`/`used` rule).
+    node_states: tuple[NodeState, ...] = ()
+    # Recent demand placed on this pool (EWMA rate): the prewarm/look-ahead forecast's input.
+    demand_cpu_per_s: float = 0.0
+    demand_gpu_per_s: float = 0.0
 
     @property
     def provisioned(self) -> Resources:
@@ -205,6 +257,12 @@ class Cluster:
     quota_gpu: float | None = None
     healthy: bool = True
     quota_stale: bool = False  # quota sync failed repeatedly: treat quota conservatively
+    # None: federation-wide (registered by an admin/operator); else only these tenants'
+    # workloads may be placed here (a tenant-private cluster, or one lent to named tenants).
+    allowed_tenants: frozenset[str] | None = None
+    # Source and age of each merged value: keys "pricing", "quota", "observed", "telemetry",
+    # "health" (placement/snapshot.py). Empty for hand-built clusters.
+    provenance: Mapping[str, Provenance] = field(default_factory=dict)
 
     @property
     def region_key(self) -> str:
