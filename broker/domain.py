@@ -160,6 +160,10 @@ class Workload:
     spec: WorkloadSpec
     status: WorkloadStatus = WorkloadStatus.PENDING
     submitted_s: float = 0.0  # seconds on the caller's clock (epoch s live, sim s in the twin)
+    # Planner attempts that left it (partly) unplaced, and when the last one was: the input
+    # of the planner's retry/backoff decision (planner.Retry).
+    attempts: int = 0
+    last_attempt_s: float | None = None
 
 
 class NodeLeaving(enum.StrEnum):

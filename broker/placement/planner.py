@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.domain import FederationSnapshot, Placement, PolicyAction
+from broker.domain import Assignment, DataSource, FederationSnapshot, Placement, PolicyAction
 from broker.placement import explain, lp, pricing, rounding
 from broker.placement.baselines import greedy, traditional
 from broker.placement.candidates import SUNK_SITE_COST_FRACTION, CandidateSet, build_candidates
@@ -85,6 +85,62 @@ class PoolScale:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolScaleIn:
+    """Remove these nodes from a pool (they are empty, or their work is being migrated off)."""
+
+    cluster: str
+    pool: str
+    nodes: tuple[str, ...]  # NodeState.name of each node to remove
+    reason: str = "idle"  # idle | consolidate | unhealthy
+
+
+@dataclass(frozen=True, slots=True)
+class Prewarm:
+    """Get capacity, images or data in place before they are needed.
+
+    `nodes` > 0 orders that many nodes ahead of forecast demand (`workload_id` empty); images
+    and data are pre-pulled / copied onto `cluster`/`pool` for `workload_id` (a placed
+    workload whose start would otherwise wait on them) or for forecast demand.
+    """
+
+    cluster: str
+    pool: str
+    nodes: int = 0
+    images: tuple[str, ...] = ()
+    data: tuple[DataSource, ...] = ()
+    workload_id: str = ""
+    reason: str = ""  # forecast | placement | standby
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An unplaced workload waits until `not_before_s` before the planner tries it again."""
+
+    workload_id: str
+    not_before_s: float
+    attempts: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Move running replicas: start `target`, wait until ready, then drain `source`.
+
+    The actuator never lets a running workload drop below its replicas. `reason`: recovered
+    (its preferred cluster is back) | better (a clearly cheaper feasible option, past the
+    hysteresis) | node-loss (a node is cordoned, NotReady or tainted for termination) |
+    slo (measured latency broke the SLO) | consolidate (empty a node to remove it).
+    """
+
+    workload_id: str
+    source: tuple[Assignment, ...]
+    target: Placement
+    reason: str
+    saving_usd_per_hour: float = 0.0
+    cost_usd: float = 0.0  # one-off cost of the move (restart, data) counted in the objective
+
+
+@dataclass(frozen=True, slots=True)
 class SolveStats:
     status: str  # optimal | time_limit | heuristic | lp_failed (greedy fallback)
     objective: float
@@ -109,6 +165,12 @@ class EpochPlan:
     unplaced: Mapping[str, str]  # workload id -> reason (names the binding constraint family)
     scale: tuple[PoolScale, ...]  # nodes each pool must add for this plan
     stats: SolveStats
+    # Every other decision of the epoch (see the types above); carried out by the actuator
+    # live and simulated by the twin, which decides nothing itself.
+    scale_in: tuple[PoolScaleIn, ...] = ()
+    prewarm: tuple[Prewarm, ...] = ()
+    retries: tuple[Retry, ...] = ()
+    migrations: tuple[Migration, ...] = ()
 
 
 def plan_epoch(
