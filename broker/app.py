@@ -1,12 +1,20 @@
-"""Composition root: settings -> engine/store -> services -> API + loops.
+"""Composition root: settings -> store -> `Runtime` -> API + loops.
 
 Apart from the one-shot operator commands (`skyfed db ...`, `token create`),
 nothing else builds engines or reads settings. `serve(settings)` is what
 `skyfed serve` runs: it checks the schema (refusing an unmigrated database
 with the command to run), makes sure an admin token exists (printing a new
-one once and writing it to `<data_dir>/token`, mode 600), then runs uvicorn
-(one worker, in this event loop) and every loop from
-`broker.federation.registry` under one TaskGroup until SIGTERM/SIGINT.
+one once and writing it to `<data_dir>/token`, mode 600), runs the start-up
+steps (`start_up`: drivers for the registered clusters, the placement policy),
+builds every loop (`build_loops`), then runs uvicorn (one worker, in this event
+loop) and the loops, each supervised, under one TaskGroup until SIGTERM/SIGINT.
+
+The shared objects live in one typed `Runtime` (broker/federation/runtime.py),
+not here: the API and the loop factories name its type, and nothing below this
+module may import it. HOW TO ADD A LOOP: a `PollingLoop` subclass
+(broker/federation/looping.py) whose constructor takes what it uses, a
+`make_x(rt: Runtime) -> X | None` factory beside it, a field for it on
+`Runtime` (and in `Runtime.loops()`), and one line in `build_loops` below.
 """
 
 from __future__ import annotations
@@ -19,7 +27,6 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +35,63 @@ from fastapi import FastAPI
 
 from broker.clock import Clock, SystemClock
 from broker.errors import BrokerError
-from broker.federation.registry import LOOP_FACTORIES, STARTUP_HOOKS, Loop
+from broker.federation.looping import Loop, supervise
+from broker.federation.runtime import Runtime
 from broker.settings import Settings, load_settings
 from broker.store import Store
-from providers.base import CloudProvider, ClusterDriver
 
 log = logging.getLogger("skyfed")
 TOKEN_FILE = "token"
-BACKOFF_MAX_S = 30.0
 SHUTDOWN_GRACE_S = 10.0  # how long loops get to finish after the stop event
 
-__all__ = ["Services", "build_services", "create_app", "load_settings", "serve"]
+__all__ = ["Runtime", "build_loops", "build_runtime", "create_app", "load_settings", "serve",
+           "start_up"]
 
 
-@dataclass
-class Services:
-    """Everything the API and the loops share, built once by `build_services`."""
-
-    settings: Settings
-    store: Store
-    clock: Clock
-    drivers: dict[str, ClusterDriver] = field(default_factory=dict)  # by cluster/site name
-    providers: dict[str, CloudProvider] = field(default_factory=dict)  # by account name
-    extras: dict[str, Any] = field(default_factory=dict)  # shared objects loops hand around
-
-
-def build_services(settings: Settings, *, clock: Clock | None = None) -> Services:
+def build_runtime(settings: Settings, *, clock: Clock | None = None) -> Runtime:
+    """The store on `settings` and an otherwise empty Runtime (the caller closes the store)."""
     clock = clock or SystemClock()
     store = Store.from_url(settings.store_url, pool_size=settings.store.pool_size,
                            echo=settings.store.echo, clock=clock)
-    return Services(settings=settings, store=store, clock=clock)
+    return Runtime(settings=settings, store=store, clock=clock)
 
 
-def create_app(services: Services) -> FastAPI:
-    """The FastAPI app over `services` (which the caller owns and closes)."""
+async def start_up(rt: Runtime) -> None:
+    """What must exist before any loop is built: drivers for every registered cluster (so
+    the loops that read `rt.drivers` see them) and the placement policy (`rt.policy`)."""
+    from broker.federation.drivers import install_drivers
+    from broker.federation.policy_runtime import install_policy
+
+    await install_drivers(rt)
+    await install_policy(rt)
+
+
+def build_loops(rt: Runtime) -> list[Loop]:
+    """Build every loop onto its `rt` field (None when off by settings); the ones to run.
+
+    Imported here, not at module import, so `skyfed --help` stays fast and an import
+    error names the loop's module.
+    """
+    from broker.federation.dispatcher import make_dispatcher
+    from broker.federation.drivers import make_driver_refresh
+    from broker.federation.edge_hub import make_edge_hub
+    from broker.federation.placement_loop import make_placement_loop
+    from broker.federation.quota_sync import make_quota_sync
+    from broker.federation.reconciler import make_reconciler
+    from broker.federation.telemetry import make_telemetry
+
+    rt.quota_sync = make_quota_sync(rt)
+    rt.telemetry = make_telemetry(rt)
+    rt.placement_loop = make_placement_loop(rt)
+    rt.dispatcher = make_dispatcher(rt)
+    rt.reconciler = make_reconciler(rt)
+    rt.driver_refresh = make_driver_refresh(rt)
+    rt.edge_hub = make_edge_hub(rt)
+    return rt.loops()
+
+
+def create_app(rt: Runtime) -> FastAPI:
+    """The FastAPI app over `rt` (which the caller owns and closes)."""
     from broker.api import explain, health, problems, routes, ui
     from broker.api.deps import TokenCache
     from broker.api.middleware import ApiMetrics, EdgeMiddleware
@@ -70,7 +100,7 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="skyfed", version="0.1.0", default_response_class=JsonResponse,
                   description="Multi-cloud and edge federation broker API. See docs/api.md.")
     metrics = ApiMetrics()
-    app.state.services = services
+    app.state.runtime = rt
     app.state.metrics = metrics
     app.state.token_cache = TokenCache()
     problems.install(app)
@@ -78,7 +108,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(routes.router)
     app.include_router(explain.router)
     app.include_router(ui.router)
-    app.add_middleware(EdgeMiddleware, max_body_bytes=services.settings.api.max_body_bytes,
+    app.add_middleware(EdgeMiddleware, max_body_bytes=rt.settings.api.max_body_bytes,
                        metrics=metrics,
                        fast_routes={("POST", "/v1/workloads"): routes.submit_workload})
     _add_schema_components(app)
@@ -106,20 +136,20 @@ def _add_schema_components(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-async def ensure_admin_token(services: Services) -> str | None:
+async def ensure_admin_token(rt: Runtime) -> str | None:
     """Create the admin token on first start; return it (None if one exists).
 
     Uses `api.admin_token` when configured, else a random one. The token is
     written to `<data_dir>/token` (mode 600) so local `skyfed` commands find it.
     """
-    async with services.store.unit() as uow:
+    async with rt.store.unit() as uow:
         if await uow.tokens.has_admin():
             return None
-        configured = services.settings.api.admin_token
+        configured = rt.settings.api.admin_token
         _, token = await uow.tokens.create(
             tenant="admin", is_admin=True, description="created on first start",
             token=configured.get_secret_value() if configured else None)
-    write_token_file(services.settings.data_dir, token)
+    write_token_file(rt.settings.data_dir, token)
     return token
 
 
@@ -133,59 +163,26 @@ def write_token_file(data_dir: Path, token: str) -> Path:
     return path
 
 
-async def supervise(loop: Loop, stop: asyncio.Event, *, initial_backoff_s: float = 1.0,
-                    max_backoff_s: float = BACKOFF_MAX_S) -> None:
-    """Run `loop` until `stop`; log and restart it with backoff when it crashes.
-
-    The backoff doubles per crash up to `max_backoff_s` and waits on `stop`, so
-    shutdown is never delayed by a sleeping supervisor.
-    """
-    backoff_s = initial_backoff_s
-    while not stop.is_set():
-        try:
-            await loop.run(stop)
-            if stop.is_set():
-                return
-            log.warning("loop %s returned before stop; restarting", loop.name)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("loop %s crashed; restarting in %.0f s", loop.name, backoff_s)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=backoff_s)
-        backoff_s = min(backoff_s * 2, max_backoff_s)
-
-
-def build_loops(services: Services) -> list[Loop]:
-    loops = []
-    for factory in LOOP_FACTORIES:
-        made = factory(services)
-        if made is not None:
-            loops.append(made)
-    return loops
-
-
 async def serve(settings: Settings, *, migrate: bool = False, api_only: bool = False,
                 port: int | None = None) -> None:
     """Run the broker until SIGTERM/SIGINT. Raises `BrokerError` on a bad start."""
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    services = build_services(settings)
+    rt = build_runtime(settings)
     try:
         if migrate:
             from broker.store import migrate as migrations
 
             await migrations.upgrade(settings.store_url)
-        await services.store.check_schema()
-        token = await ensure_admin_token(services)
+        await rt.store.check_schema()
+        token = await ensure_admin_token(rt)
         if token is not None:
             print(f"admin token (shown once; also in {settings.data_dir / TOKEN_FILE}): "
                   f"{token}", flush=True)
         if not api_only:
-            for hook in STARTUP_HOOKS:
-                await hook(services)
-        loops = [] if api_only else build_loops(services)
-        config = uvicorn.Config(create_app(services), host=settings.api.host,
+            await start_up(rt)
+        loops = [] if api_only else build_loops(rt)
+        config = uvicorn.Config(create_app(rt), host=settings.api.host,
                                 port=settings.api.port if port is None else port,
                                 workers=1, log_level="warning", access_log=False,
                                 lifespan="off", loop="none", http=_http_impl())
@@ -205,7 +202,7 @@ async def serve(settings: Settings, *, migrate: bool = False, api_only: bool = F
                                     task.get_name(), SHUTDOWN_GRACE_S)
                         task.cancel()
     finally:
-        await services.store.close()
+        await rt.store.close()
 
 
 def _tune_gc() -> None:

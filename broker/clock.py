@@ -66,18 +66,21 @@ class ManualClock:
         return sum(1 for _, _, f in self._sleepers if not f.done())
 
 
-async def sleep_or_stop(clock: Clock, seconds: float, stop: asyncio.Event) -> None:
-    """Sleep `seconds` on `clock`, or less if `stop` is set meanwhile.
+async def sleep_or_stop(clock: Clock, seconds: float, stop: asyncio.Event,
+                        wake: asyncio.Event | None = None) -> None:
+    """Sleep `seconds` on `clock`, or less if `stop` (or `wake`, when given) is set meanwhile.
 
-    Every periodic loop waits this way, so a shutdown never waits out an interval
-    and a ManualClock drives the loops in tests. Both helper tasks are owned here
-    and always cancelled and awaited.
+    Every periodic loop waits this way (`broker.federation.looping.PollingLoop`), so a
+    shutdown never waits out an interval, a `wake()` cuts the wait short, and a
+    ManualClock drives the loops in tests. It neither clears `wake` nor `stop`. The helper
+    tasks are owned here and always cancelled and awaited.
     """
-    waiter = asyncio.ensure_future(stop.wait())
+    events = (stop,) if wake is None else (stop, wake)
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
     sleeper = asyncio.ensure_future(clock.sleep(seconds))
     try:
-        await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({*waiters, sleeper}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (waiter, sleeper):
+        for t in (*waiters, sleeper):
             t.cancel()
-        await asyncio.gather(waiter, sleeper, return_exceptions=True)
+        await asyncio.gather(*waiters, sleeper, return_exceptions=True)

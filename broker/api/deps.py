@@ -1,4 +1,8 @@
-"""Request dependencies: services, and bearer-token authentication.
+"""Request dependencies: the broker's `Runtime`, and bearer-token authentication.
+
+Handlers take `rt: RuntimeDep` (the `Runtime` that `create_app` put on `app.state`).
+The hot path (`POST /v1/workloads`) skips FastAPI's dependency solver and calls
+`get_runtime(request)` and `current_principal(request)` directly.
 
 Tokens are looked up by their sha256 (`store.auth`). A small in-process cache
 keeps the hot path to one SQL statement per request; entries live `TTL_S`
@@ -8,15 +12,13 @@ seconds, so a revoked token stops working within that time.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends, Request
 
 from broker.errors import AuthError, ForbiddenError
+from broker.federation.runtime import Runtime
 from broker.store import Principal
-
-if TYPE_CHECKING:
-    from broker.app import Services
 
 TTL_S = 5.0
 MAX_ENTRIES = 10_000
@@ -42,9 +44,13 @@ class TokenCache:
         self._entries[token] = (principal, time.monotonic() + self.ttl_s)
 
 
-def get_services(request: Request) -> Services:
-    services: Services = request.app.state.services
-    return services
+def get_runtime(request: Request) -> Runtime:
+    """The `Runtime` the app was created over (`broker.app.create_app`)."""
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
 async def current_principal(request: Request) -> Principal:
@@ -58,7 +64,7 @@ async def current_principal(request: Request) -> Principal:
     cache: TokenCache = request.app.state.token_cache
     principal = cache.get(token)
     if principal is None:
-        async with get_services(request).store.unit() as uow:
+        async with get_runtime(request).store.unit() as uow:
             principal = await uow.tokens.resolve(token)
         if principal is None:
             raise AuthError("unknown or revoked token")

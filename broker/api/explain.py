@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from broker.api.deps import Auth, get_services, scope_of
+from broker.api.deps import Auth, RuntimeDep, scope_of
 from broker.api.views import JsonResponse
 from broker.errors import NotFoundError, SpecError
 from broker.store import UnitOfWork
+
+if TYPE_CHECKING:
+    from broker.federation.policy_runtime import PolicyRuntime
 
 router = APIRouter(prefix="/v1")
 
@@ -43,12 +46,11 @@ class WhatIfIn(BaseModel):
 @router.get("/placements/{placement_id}/explain",
             summary="Why this placement: cost breakdown, runner-up, binding constraints")
 async def explain_placement(
-        request: Request, principal: Auth, placement_id: str,
+        rt: RuntimeDep, principal: Auth, placement_id: str,
         policy: Annotated[bool, Query(
             description="Add SHAP attributions of the RL policy's outputs.")] = False,
 ) -> Response:
-    services = get_services(request)
-    async with services.store.unit() as uow:
+    async with rt.store.unit() as uow:
         rec = await uow.placements.get(placement_id, tenant=scope_of(principal))
         decision = await uow.placements.get_decision(placement_id, tenant=scope_of(principal))
         steering = decision.get("policy_action")
@@ -63,8 +65,7 @@ async def explain_placement(
     if policy:
         clusters = sorted({a.cluster for a in rec.placement.assignments})
         out["policyExplanation"] = await asyncio.to_thread(
-            _policy_explanation, steering, clusters,
-            services.extras.get("policy_runtime"))
+            _policy_explanation, steering, clusters, rt.policy)
     return JsonResponse(out)
 
 
@@ -85,10 +86,10 @@ async def _shared_observation(uow: UnitOfWork, steering: Mapping[str, Any]) -> d
     return out
 
 
-def _policy_explanation(record: object, clusters: list[str], runtime: object
+def _policy_explanation(record: object, clusters: list[str], policy: PolicyRuntime | None
                         ) -> dict[str, Any]:
     """SHAP of the stored observation, or why there is none (fixed weights, checkpoint gone)."""
-    from broker.federation.policy_runtime import PolicyRuntime, explain_policy, model_for
+    from broker.federation.policy_runtime import explain_policy, model_for
 
     if isinstance(record, Mapping) and "observation_in" in record and "observation" not in record:
         return {"available": False, "source": record.get("source"),
@@ -100,7 +101,7 @@ def _policy_explanation(record: object, clusters: list[str], runtime: object
                 "reason": "no learned policy steered this placement (fixed weights or a "
                           "record from before policy records), so there is nothing to attribute"}
     try:
-        model = model_for(record, runtime if isinstance(runtime, PolicyRuntime) else None)
+        model = model_for(record, policy)
         outputs = explain_policy(model, record, clusters=clusters)
     except (LookupError, ValueError) as exc:
         return {"available": False, "source": record.get("source"), "reason": str(exc)}
@@ -112,18 +113,15 @@ def _policy_explanation(record: object, clusters: list[str], runtime: object
 
 @router.post("/placements/{placement_id}/whatif",
              summary="Re-solve with the workload forced onto a cluster; show the difference")
-async def whatif_placement(request: Request, principal: Auth, placement_id: str,
+async def whatif_placement(rt: RuntimeDep, principal: Auth, placement_id: str,
                            body: WhatIfIn) -> Response:
     from broker.federation.placement_loop import whatif_for_placement
     from broker.placement.planner import PlannerError
 
-    services = get_services(request)
-    catalog = services.extras.get("catalog")
     try:
         out = await whatif_for_placement(
-            services.store, services.settings.placement, placement_id, body.cluster,
-            tenant=scope_of(principal), catalog=catalog,
-            action_fn=services.extras.get("policy_action_fn"))
+            rt.store, rt.settings.placement, placement_id, body.cluster,
+            tenant=scope_of(principal), catalog=rt.catalog, action_fn=rt.policy)
     except PlannerError as exc:
         raise SpecError(str(exc), loc=("body", "cluster")) from exc
     return JsonResponse(out)

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from broker.api.deps import get_services
+from broker.api.deps import RuntimeDep
 from broker.api.problems import problem
 from broker.api.views import JsonResponse
 from broker.errors import StoreError
@@ -27,8 +27,8 @@ async def healthz() -> Response:
 
 
 @router.get("/readyz", summary="Readiness: database reachable and migrated")
-async def readyz(request: Request) -> Response:
-    store = get_services(request).store
+async def readyz(rt: RuntimeDep) -> Response:
+    store = rt.store
     try:
         await store.ping()
         await store.check_schema()

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from broker.api.deps import Admin, Auth, current_principal, get_services, scope_of
+from broker.api.deps import Admin, Auth, RuntimeDep, current_principal, get_runtime, scope_of
 from broker.api.problems import BodyTooLargeError
 from broker.api.schemas import ClusterIn, SiteIn, TokenIn, WorkloadIn
 from broker.api.views import (
@@ -28,6 +28,7 @@ from broker.api.views import (
 )
 from broker.domain import Offer, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, SpecError
+from broker.federation.runtime import Runtime
 from broker.store.mapping import spec_sha256, spec_to_json
 from providers.errors import NotFoundError as ProviderNotFoundError
 
@@ -86,7 +87,7 @@ async def submit_workload(request: Request) -> Response:
     if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
         raise SpecError("Idempotency-Key must be 1-200 characters",
                         loc=("header", "Idempotency-Key"))
-    services = get_services(request)
+    rt = get_runtime(request)
     metrics = request.app.state.metrics
     try:
         spec = WorkloadIn.model_validate(await parse_body(request)).to_domain()
@@ -100,7 +101,7 @@ async def submit_workload(request: Request) -> Response:
     digest = spec_sha256(spec_json)
     for attempt in (1, 2):
         try:
-            rec, created = await services.store.submit_workload(
+            rec, created = await rt.store.submit_workload(
                 tenant=principal.tenant, spec=spec, spec_json=spec_json,
                 idempotency_key=idempotency_key, request_sha256=digest)
             break
@@ -118,10 +119,10 @@ async def submit_workload(request: Request) -> Response:
 
 
 @router.get("/workloads", summary="List this tenant's workloads (oldest first)")
-async def list_workloads(request: Request, principal: Auth, limit: Limit = 50,
+async def list_workloads(rt: RuntimeDep, principal: Auth, limit: Limit = 50,
                          cursor: str | None = None,
                          status: WorkloadStatus | None = None) -> Response:
-    async with get_services(request).store.unit() as uow:
+    async with rt.store.unit() as uow:
         page = await uow.workloads.list(tenant=scope_of(principal), status=status,
                                         limit=limit, cursor=cursor)
     return JsonResponse({"items": [workload_view(r) for r in page.items],
@@ -129,24 +130,25 @@ async def list_workloads(request: Request, principal: Auth, limit: Limit = 50,
 
 
 @router.get("/workloads/{workload_id}", summary="One workload with its status")
-async def get_workload(request: Request, principal: Auth, workload_id: str) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def get_workload(rt: RuntimeDep, principal: Auth, workload_id: str) -> Response:
+    async with rt.store.unit() as uow:
         rec = await uow.workloads.get(workload_id, tenant=scope_of(principal))
     return JsonResponse(workload_view(rec))
 
 
 @router.delete("/workloads/{workload_id}", summary="Cancel a workload (idempotent)")
-async def cancel_workload(request: Request, principal: Auth, workload_id: str) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def cancel_workload(request: Request, rt: RuntimeDep, principal: Auth,
+                          workload_id: str) -> Response:
+    async with rt.store.unit() as uow:
         rec = await uow.workloads.cancel(workload_id, tenant=scope_of(principal))
     request.app.state.metrics.cancelled.inc()
     return JsonResponse(workload_view(rec))
 
 
 @router.post("/clusters", status_code=201, summary="Register or replace a member cluster")
-async def register_cluster(request: Request, principal: Auth, body: ClusterIn) -> Response:
-    body = body.with_catalog(_catalog_offer(request))
-    async with get_services(request).store.unit() as uow:
+async def register_cluster(rt: RuntimeDep, principal: Auth, body: ClusterIn) -> Response:
+    body = body.with_catalog(_catalog_offer(rt))
+    async with rt.store.unit() as uow:
         created = await uow.clusters.upsert(body.to_domain(), tenant=principal.tenant,
                                             account=body.account, attrs=body.attrs)
         rec = await uow.clusters.get(body.name)
@@ -154,15 +156,15 @@ async def register_cluster(request: Request, principal: Auth, body: ClusterIn) -
 
 
 @router.get("/clusters", summary="List member clusters")
-async def list_clusters(request: Request, principal: Auth) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def list_clusters(rt: RuntimeDep, principal: Auth) -> Response:
+    async with rt.store.unit() as uow:
         recs = await uow.clusters.list_records(tenant=scope_of(principal))
     return JsonResponse({"items": [cluster_view(r) for r in recs], "nextCursor": None})
 
 
 @router.post("/sites", status_code=201, summary="Register or replace an edge site")
-async def register_site(request: Request, principal: Auth, body: SiteIn) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def register_site(rt: RuntimeDep, principal: Auth, body: SiteIn) -> Response:
+    async with rt.store.unit() as uow:
         created = await uow.sites.upsert(body.to_domain(), tenant=principal.tenant,
                                          attrs=body.attrs)
         rec = await uow.sites.get(body.name)
@@ -170,22 +172,22 @@ async def register_site(request: Request, principal: Auth, body: SiteIn) -> Resp
 
 
 @router.get("/sites", summary="List edge sites")
-async def list_sites(request: Request, principal: Auth) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def list_sites(rt: RuntimeDep, principal: Auth) -> Response:
+    async with rt.store.unit() as uow:
         recs = await uow.sites.list_records(tenant=scope_of(principal))
     return JsonResponse({"items": [site_view(r) for r in recs], "nextCursor": None})
 
 
 @router.get("/placements/{placement_id}", summary="One placement with its decision record")
-async def get_placement(request: Request, principal: Auth, placement_id: str) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def get_placement(rt: RuntimeDep, principal: Auth, placement_id: str) -> Response:
+    async with rt.store.unit() as uow:
         rec = await uow.placements.get(placement_id, tenant=scope_of(principal))
     return JsonResponse(placement_view(rec))
 
 
 @router.post("/tokens", status_code=201, summary="Create a tenant token (admin only)")
-async def create_token(request: Request, _admin: Admin, body: TokenIn) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def create_token(rt: RuntimeDep, _admin: Admin, body: TokenIn) -> Response:
+    async with rt.store.unit() as uow:
         token_id, token = await uow.tokens.create(tenant=body.tenant,
                                                   description=body.description)
     return JsonResponse({"id": token_id, "tenant": body.tenant, "token": token},
@@ -193,12 +195,12 @@ async def create_token(request: Request, _admin: Admin, body: TokenIn) -> Respon
 
 
 @router.get("/events", summary="The event log (oldest first): failovers, syncs, placements")
-async def list_events(request: Request, principal: Auth, limit: Limit = 100,
+async def list_events(rt: RuntimeDep, principal: Auth, limit: Limit = 100,
                       after: Annotated[int, Query(ge=0)] = 0, kind: str | None = None,
                       subject: str | None = None) -> Response:
     """A tenant sees its own events plus the federation's (site health, failovers,
     price changes); the admin sees all. Page with `after=<last id>`."""
-    async with get_services(request).store.unit() as uow:
+    async with rt.store.unit() as uow:
         events = await uow.events.list(tenant=scope_of(principal), after_id=after,
                                        limit=limit, kind=kind, subject=subject,
                                        include_system=True)
@@ -209,8 +211,8 @@ async def list_events(request: Request, principal: Auth, limit: Limit = 100,
 
 
 @router.get("/providers", summary="Provider accounts and their price/quota sync health")
-async def list_providers(request: Request, principal: Auth) -> Response:
-    async with get_services(request).store.unit() as uow:
+async def list_providers(rt: RuntimeDep, principal: Auth) -> Response:
+    async with rt.store.unit() as uow:
         accounts = await uow.quotas.list_accounts()
     return JsonResponse({"items": [
         {"name": a.name, "provider": a.provider, "stale": a.stale, "failures": a.failures,
@@ -218,15 +220,10 @@ async def list_providers(request: Request, principal: Auth) -> Response:
         "nextCursor": None})
 
 
-def _catalog_offer(request: Request) -> Callable[[str, str, str], Offer]:
+def _catalog_offer(rt: Runtime) -> Callable[[str, str, str], Offer]:
     """`(provider, region, instance_type) -> Offer` from the offline catalog (loaded once
     per process); LookupError when it has no such offer."""
-    services = get_services(request)
-    catalog = services.extras.get("catalog")
-    if catalog is None:
-        from providers.catalog import Catalog
-
-        catalog = services.extras["catalog"] = Catalog.load()
+    catalog = rt.offline_catalog()
 
     def offer_of(provider: str, region: str, instance_type: str) -> Offer:
         try:

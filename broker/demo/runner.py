@@ -196,7 +196,7 @@ class Narrator:
             report.skipped(self.console, "live placement table",
                            "nothing was placed by the live broker (loops running: "
                            f"{', '.join(self.stack.loop_names) or 'none'}; the placement loop "
-                           "registers in broker/federation/registry.py)")
+                           "is built in broker/app.py's build_loops)")
         if live:
             for line in report.data_lines(self._data_moves()):
                 self.console.print(f"  data: {line}")
@@ -325,7 +325,7 @@ class Narrator:
     async def _print_event_log(self) -> None:
         """What the broker persisted about the edge (the dashboard's failover log source)."""
         await asyncio.sleep(0.2)  # the hub records asynchronously
-        async with self.stack.services.store.unit() as uow:
+        async with self.stack.store.unit() as uow:
             events = await uow.events.list(limit=1000)
         edge = [e for e in events if e.kind.startswith(("edge.", "site."))]
         counts: dict[str, int] = {}

@@ -1,8 +1,8 @@
 """The whole system in one process tree, on embedded defaults, for `skyfed demo`.
 
 Built from the same composition root as `skyfed serve` (`broker.app`): the
-store (SQLite in a temp data dir, migrated), the admin token, the startup hooks
-and every loop in `broker.federation.registry`, the API under uvicorn; plus
+store (SQLite in a temp data dir, migrated), the admin token, the start-up steps
+and every loop of `broker.app.build_loops`, the API under uvicorn; plus
 what only the demo adds: simulated member clusters (`providers.simulated`) for
 the demo federation, the in-process MQTT broker when no loop provides it, an
 edge hub when no loop provides one, and three real `skyfed-edge` processes.
@@ -23,15 +23,20 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from broker.demo.agents import AgentFleet
 from broker.demo.federation import DemoFederation
 from broker.domain import Interconnect, Resources, Site
+from broker.errors import BrokerError
 from broker.settings import Settings
 from providers.simulated import SimPool, SimulatedClusterDriver
+
+if TYPE_CHECKING:
+    from broker.federation.runtime import Runtime
+    from broker.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ class DemoStack:
         self.notes: list[str] = []  # what was skipped, one line each
         self.token = ""
         self.url = ""
-        self.services: Any = None
+        self.runtime: Runtime | None = None
         self.loops: list[Any] = []
         self.hub: Any = None
         self.mqtt_ok = False
@@ -111,6 +116,13 @@ class DemoStack:
         self._mqtt: Any = None  # the embedded MQTT broker, when the demo started it
         self._loops_started = False
         self._writes: set[asyncio.Task[None]] = set()
+
+    @property
+    def store(self) -> Store:
+        """The broker's store (only once the stack has started)."""
+        if self.runtime is None:
+            raise BrokerError("the demo stack has not started")
+        return self.runtime.store
 
     @property
     def loop_names(self) -> list[str]:
@@ -140,33 +152,32 @@ class DemoStack:
     async def _start(self) -> None:
         from broker.app import (
             build_loops,
-            build_services,
+            build_runtime,
             create_app,
             ensure_admin_token,
+            start_up,
         )
-        from broker.federation.registry import STARTUP_HOOKS
         from broker.store import migrate
 
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
-        self.services = build_services(s)
+        rt = self.runtime = build_runtime(s)
         await migrate.upgrade(s.store_url)
-        await self.services.store.check_schema()
-        self.token = await ensure_admin_token(self.services) or ""
+        await rt.store.check_schema()
+        self.token = await ensure_admin_token(rt) or ""
         if not self.token:
             self.token = (s.data_dir / "token").read_text().strip()
-        for hook in STARTUP_HOOKS:
-            await hook(self.services)
+        await start_up(rt)
         for name, driver in sim_drivers(self.fed).items():
-            self.services.drivers.setdefault(name, driver)
-        self.loops = build_loops(self.services)
+            rt.drivers.setdefault(name, driver)
+        self.loops = build_loops(rt)
         await self._start_mqtt()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((s.api.host, s.api.port))
         host, port = sock.getsockname()[:2]
         self.url = f"http://{host}:{port}"
-        config = uvicorn.Config(create_app(self.services), log_level="warning",
+        config = uvicorn.Config(create_app(rt), log_level="warning",
                                 access_log=False, lifespan="off", loop="none")
         self._server = _Server(config)
         self._spawn(self._server.serve(sockets=[sock]), "demo:api")
@@ -185,7 +196,7 @@ class DemoStack:
         placement loop then solves it as one batch, the batch the baseline
         comparison re-solves.
         """
-        from broker.app import supervise
+        from broker.federation.looping import supervise
 
         if self._loops_started:
             return
@@ -231,12 +242,12 @@ class DemoStack:
                 self.notes.append("edge hub (broker/federation/edge_hub.py) missing: "
                                   "failover skipped")
                 return
-            from broker.app import supervise
+            from broker.federation.looping import supervise
 
             # The broker's own factory (it persists site health and events to the
             # store) when there is one; else a hub that records events only.
             factory = getattr(edge_hub, "make_edge_hub", None)
-            hub = factory(self.services) if callable(factory) else None
+            hub = factory(self.runtime) if callable(factory) else None
             if hub is None:
                 hub = edge_hub.EdgeHub(settings=self.settings.edge, mqtt=self.settings.mqtt,
                                        recorder=self._record)
@@ -259,7 +270,9 @@ class DemoStack:
         await asyncio.shield(task)
 
     async def _append_event(self, kind: str, data: dict[str, Any]) -> None:
-        async with self.services.store.unit() as uow:
+        if self.runtime is None:
+            return
+        async with self.runtime.store.unit() as uow:
             subject = str(data.get("service") or data.get("site") or "")
             await uow.events.append(f"edge.{data.get('event', kind)}", subject, data)
 
@@ -286,8 +299,8 @@ class DemoStack:
             await self.fleet.close()
         if self._mqtt is not None:
             await self._mqtt.stop()
-        if self.services is not None:
-            await self.services.store.close()
+        if self.runtime is not None:
+            await self.runtime.store.close()
 
     def token_file(self) -> Path:
         return self.settings.data_dir / "token"

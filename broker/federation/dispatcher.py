@@ -19,7 +19,6 @@ clusters and the placement retired (`list_to_withdraw`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -33,12 +32,13 @@ from tenacity import (
 
 from broker.clock import Clock
 from broker.domain import Workload
+from broker.federation.looping import PollingLoop
 from broker.store import PlacementRecord, Store
 from providers.base import ApplySpec, ClusterDriver
 from providers.errors import ProviderError
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -66,32 +66,26 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, ProviderError) and exc.retryable
 
 
-class Dispatcher:
-    """See the module docstring."""
+class Dispatcher(PollingLoop):
+    """See the module docstring. Each step dispatches, then withdraws, every `poll_s`."""
 
     name = "dispatcher"
 
     def __init__(self, store: Store, drivers: Mapping[str, ClusterDriver], clock: Clock, *,
                  poll_s: float = 1.0, max_attempts: int = 5, retries: int = 3,
                  backoff_s: float = 0.2, batch: int = 200) -> None:
+        super().__init__(clock, interval_s=poll_s)
         self._store = store
         self._drivers = drivers
-        self._clock = clock
-        self._poll_s = poll_s
         self._max_attempts = max_attempts
         self._retries = retries
         self._backoff_s = backoff_s
         self._batch = batch
         self.applied = 0
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.dispatch_once()
-            await self.withdraw_once()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self._poll_s)
-            except TimeoutError:
-                continue
+    async def step(self) -> None:
+        await self.dispatch_once()
+        await self.withdraw_once()
 
     async def dispatch_once(self) -> int:
         """Apply every undispatched placement once; returns how many were dispatched."""
@@ -155,5 +149,5 @@ class Dispatcher:
         return done
 
 
-def make_dispatcher(services: Services) -> Dispatcher:
-    return Dispatcher(services.store, services.drivers, services.clock)
+def make_dispatcher(rt: Runtime) -> Dispatcher:
+    return Dispatcher(rt.store, rt.drivers, rt.clock)

@@ -18,7 +18,7 @@ registration that cannot be built is logged once per distinct error with the clu
 gets no driver, and its row is marked unhealthy with `attrs.driver_error`; it is retried every
 refresh (fixing a kubeconfig on disk is enough) and the mark lifted when it builds.
 
-`mirror` (the broker's `Services.drivers` dict): the registry writes what it builds there and
+`mirror` (the broker's `Runtime.drivers` dict): the registry writes what it builds there and
 removes it again, never touching an entry it did not put there: a driver someone else
 installed under a cluster's name (the demo's) wins and the registry builds none for it.
 """
@@ -36,16 +36,17 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMappi
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.clock import Clock, SystemClock, sleep_or_stop
+from broker.clock import Clock, SystemClock
 from broker.domain import Cluster, Pool
 from broker.errors import BrokerError, ConfigError
+from broker.federation.looping import PollingLoop
 from providers.base import ClusterDriver, Interconnect
 from providers.catalog import Catalog
 from providers.errors import ProviderError, TransientError
 from providers.simulated import SimPool, SimulatedClusterDriver
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
     from broker.store import ClusterRecord, Store
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ KINDS = ("kubernetes", "simulated", "edge")
 DEFAULT_NAMESPACE = "skyfed"
 DEFAULT_REFRESH_S = 5.0
 TRUSTED_TENANTS = frozenset({"admin"})
-REGISTRY_KEY = "driver_registry"  # where install_drivers keeps the registry in Services.extras
 _K8S_SHORTHAND = ("kubeconfig", "context", "namespace", "in_cluster")
 _K8S_EXTRA = ("max_concurrency", "timeout_s", "watch_timeout_s", "job_backoff_limit")
 _SIM_KEYS = ("startup_s", "seed")
@@ -482,56 +482,56 @@ def _describe(name: str, exc: BaseException) -> str:
     return f"cluster {name!r}: {type(exc).__name__}: {text}"
 
 
-class DriverRefreshLoop:
-    """Refreshes a DriverRegistry every `interval_s`, so clusters registered later get drivers."""
+class DriverRefreshLoop(PollingLoop):
+    """Refreshes a DriverRegistry every `interval_s`, so clusters registered later get drivers.
+
+    With `close_on_stop` the registry is closed when the loop ends because `stop` was set.
+    """
 
     name = "drivers"
 
     def __init__(self, registry: DriverRegistry, store: Store, clock: Clock, *,
                  interval_s: float = DEFAULT_REFRESH_S, close_on_stop: bool = False) -> None:
-        if interval_s <= 0:
-            raise ConfigError(f"driver refresh interval_s must be > 0, got {interval_s}")
+        super().__init__(clock, interval_s=interval_s)
         self.registry = registry
         self._store = store
-        self._clock = clock
-        self._interval_s = interval_s
         self._close_on_stop = close_on_stop
+
+    async def step(self) -> RefreshResult | None:
+        try:
+            return await self.registry.refresh(self._store)
+        except BrokerError as exc:  # the store is down: keep the drivers, try again
+            log.warning("refreshing cluster drivers failed: %s", exc.message)
+            return None
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            while not stop.is_set():
-                try:
-                    await self.registry.refresh(self._store)
-                except BrokerError as exc:  # the store is down: keep the drivers, try again
-                    log.warning("refreshing cluster drivers failed: %s", exc.message)
-                await sleep_or_stop(self._clock, self._interval_s, stop)
+            await super().run(stop)
         finally:
             if self._close_on_stop and stop.is_set():
                 await self.registry.aclose()
 
 
-# ---- wiring (broker/federation/registry.py) ---------------------------------------------
-def registry_of(services: Services) -> DriverRegistry:
-    """The broker's DriverRegistry, created on first use and kept in `services.extras`.
+# ---- wiring (broker/app.py) ------------------------------------------------------------
+def registry_of(rt: Runtime) -> DriverRegistry:
+    """The broker's DriverRegistry (`rt.driver_registry`), created on first use.
 
-    It mirrors into `services.drivers`, so code holding that dict sees its drivers too.
+    It mirrors into `rt.drivers`, so code holding that dict sees its drivers too; its edge
+    drivers reach their sites through `rt.edge_hub`, looked up per command.
     """
-    reg = services.extras.get(REGISTRY_KEY)
-    if not isinstance(reg, DriverRegistry):
-        extras = services.extras
-        reg = DriverRegistry(clock=services.clock, mirror=services.drivers,
-                             edge_factory=EdgeDriverFactory(lambda: extras.get("edge_hub")))
-        services.extras[REGISTRY_KEY] = reg
-    return reg
+    if rt.driver_registry is None:
+        rt.driver_registry = DriverRegistry(
+            clock=rt.clock, mirror=rt.drivers, edge_factory=EdgeDriverFactory(lambda: rt.edge_hub))
+    return rt.driver_registry
 
 
-async def install_drivers(services: Services) -> None:
-    """STARTUP_HOOKS entry: drivers for every registered cluster before any loop starts."""
-    await registry_of(services).refresh(services.store)
+async def install_drivers(rt: Runtime) -> None:
+    """Start-up step: drivers for every registered cluster before any loop is built."""
+    await registry_of(rt).refresh(rt.store)
 
 
-def make_driver_refresh(services: Services) -> DriverRefreshLoop:
-    """LOOP_FACTORIES entry: keeps the registry in step with the store; closes it on stop."""
-    interval_s = float(services.extras.get("drivers_refresh_s", DEFAULT_REFRESH_S))
-    return DriverRefreshLoop(registry_of(services), services.store, services.clock,
-                             interval_s=interval_s, close_on_stop=True)
+def make_driver_refresh(rt: Runtime) -> DriverRefreshLoop:
+    """Keeps the registry in step with the store every `rt.drivers_refresh_s`; closes it on
+    stop."""
+    return DriverRefreshLoop(registry_of(rt), rt.store, rt.clock,
+                             interval_s=rt.drivers_refresh_s, close_on_stop=True)

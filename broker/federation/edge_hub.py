@@ -10,7 +10,7 @@ failover rules are documented in `broker/federation/edge_core.py`.
 
 It also implements `providers.edge.EdgeTransport` (`send_command`,
 `site_services`) for the dispatcher's plain edge driver, and
-`make_edge_hub(services)` is its `LOOP_FACTORIES` entry.
+`make_edge_hub(rt)` is its factory (broker/app.py's `build_loops`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -381,17 +381,16 @@ class StoreRecorder:
             await uow.events.append("edge." + kind.removeprefix("edge_"), subject, data)
 
 
-def make_edge_hub(services: Services) -> EdgeHub | None:
-    """LOOP_FACTORIES entry: the hub on the configured MQTT broker, persisting to the store.
+def make_edge_hub(rt: Runtime) -> EdgeHub | None:
+    """The hub on the configured MQTT broker, persisting to the store.
 
-    Also published as `services.extras["edge_hub"]` so the dispatcher can use it as
-    the `EdgeTransport` of `providers.edge.EdgeSiteDriver` and register
-    latency-critical services (`add_service`). With `mqtt.embedded` the composition
-    root must run `broker.federation.mqtt_embedded.EmbeddedBroker` first.
+    `build_loops` keeps it as `rt.edge_hub`, where the edge sites' drivers find it as
+    their `EdgeTransport` (`providers.edge.EdgeSiteDriver`). With `mqtt.embedded` the
+    composition root must run `broker.federation.mqtt_embedded.EmbeddedBroker` first.
     """
-    settings = services.settings
-    store = services.store
-    clock = services.clock
+    settings = rt.settings
+    store = rt.store
+    clock = rt.clock
 
     async def load_sites() -> Sequence[Site]:
         async with store.unit() as uow:
@@ -401,6 +400,5 @@ def make_edge_hub(services: Services) -> EdgeHub | None:
 
     hub = EdgeHub(settings=settings.edge, mqtt=settings.mqtt, recorder=StoreRecorder(store),
                   clock=lambda: clock.now() * 1000.0, site_loader=load_sites,
-                  service_loader=edge_services_loader(services))
-    services.extras["edge_hub"] = hub
+                  service_loader=edge_services_loader(rt))
     return hub

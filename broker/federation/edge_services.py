@@ -17,7 +17,7 @@ User coordinates resolve as in the placement loop: configured
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from broker.domain import Cluster, Placement, UserRegion, Workload, WorkloadKind
 from broker.federation.edge_core import EdgeService
@@ -25,8 +25,7 @@ from broker.placement.standby import EdgeServiceNeed
 from edge_agent.protocol import ServiceSpec
 
 if TYPE_CHECKING:
-    from broker.app import Services
-    from providers.catalog import Catalog
+    from broker.federation.runtime import Runtime
 
 
 def edge_services(
@@ -54,12 +53,12 @@ def edge_services(
     return out
 
 
-def edge_services_loader(services: Services) -> Callable[[], Awaitable[Sequence[EdgeService]]]:
+def edge_services_loader(rt: Runtime) -> Callable[[], Awaitable[Sequence[EdgeService]]]:
     """An `EdgeHub.service_loader` reading the store (one unit of work per call)."""
     from broker.federation.placement_loop import user_regions
 
-    store = services.store
-    settings = services.settings
+    store = rt.store
+    settings = rt.settings
 
     async def load() -> Sequence[EdgeService]:
         async with store.unit() as uow:
@@ -73,7 +72,7 @@ def edge_services_loader(services: Services) -> Callable[[], Awaitable[Sequence[
                 return []
             workloads = await uow.workloads.get_many([p.workload_id for p in placed])
             sites = await uow.sites.list()
-        users = {u.name: u for u in user_regions(_catalog(services),
+        users = {u.name: u for u in user_regions(rt.offline_catalog(),
                                                   list(workloads.values()), sites)}
         for u in settings.placement.user_regions:
             users[u.name] = UserRegion(u.name, u.lat, u.lon)
@@ -82,12 +81,3 @@ def edge_services_loader(services: Services) -> Callable[[], Awaitable[Sequence[
 
     return load
 
-
-def _catalog(services: Services) -> Catalog:
-    """The process's offline catalog (loaded once; `Catalog.load` caches)."""
-    from providers.catalog import Catalog
-
-    catalog = services.extras.get("catalog")
-    if catalog is None:
-        catalog = services.extras["catalog"] = Catalog.load()
-    return cast("Catalog", catalog)

@@ -1,6 +1,7 @@
 """The placement loop: pending batch -> snapshot -> plan_epoch -> placements, in one transaction.
 
-Every `epoch_s` (or at once when `wake()` is called because a batch filled),
+Every `epoch_s` (or at once when `wake()` is called because a batch filled; the
+`PollingLoop` base class does the waiting, on the injected clock),
 the loop reads the pending workloads (priority first, oldest first, at most
 `batch_max`), the clusters with their pools and usage, the active placements
 and the tenants' budgets, builds a `FederationSnapshot` (RTTs and egress
@@ -40,6 +41,7 @@ from broker.domain import (
     Workload,
     WorkloadStatus,
 )
+from broker.federation.looping import PollingLoop
 from broker.federation.policy_runtime import (
     PolicyDecision,
     PolicyRuntime,
@@ -52,7 +54,7 @@ from broker.settings import PlacementSettings
 from broker.store import Store
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
     from providers.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -154,45 +156,28 @@ def user_regions(catalog: Catalog | None, pending: Sequence[Workload],
     return tuple(out.values())
 
 
-class PlacementLoop:
-    """See the module docstring."""
+class PlacementLoop(PollingLoop):
+    """See the module docstring. Each step is one `tick()`; `wake()` (from PollingLoop)
+    starts the next tick now instead of after `settings.epoch_s`."""
 
     name = "placement"
 
     def __init__(self, store: Store, clock: Clock, settings: PlacementSettings, *,
                  action_fn: ActionFn | None = None, catalog: Catalog | None = None,
                  policy: str = "lp") -> None:
+        super().__init__(clock, interval_s=settings.epoch_s)
         self._store = store
-        self._clock = clock
         self._settings = settings
         self._config = planner_config(settings)
         self._action_fn = action_fn or fixed_action(settings)
         self._source = "custom" if action_fn is not None else "fixed"
         self._catalog = catalog
         self._policy = policy
-        self._wake = asyncio.Event()
         self.last_plan: EpochPlan | None = None
         self.ticks = 0
 
-    def wake(self) -> None:
-        """Solve now (e.g. the API saw the pending batch reach batch_max)."""
-        self._wake.set()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.tick()
-            await self._wait(stop)
-
-    async def _wait(self, stop: asyncio.Event) -> None:
-        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait()),
-                   asyncio.ensure_future(self._clock.sleep(self._settings.epoch_s))}
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
-        self._wake.clear()
+    async def step(self) -> EpochPlan | None:
+        return await self.tick()
 
     async def snapshot(self) -> FederationSnapshot | None:
         """Read one consistent view of what the planner needs; None if nothing is pending."""
@@ -256,21 +241,15 @@ class PlacementLoop:
                                                    message=reason)
 
 
-def make_placement_loop(services: Services) -> PlacementLoop:
-    catalog = services.extras.get("catalog")
-    action_fn = services.extras.get("policy_action_fn")
-    loop = PlacementLoop(services.store, services.clock, services.settings.placement,
-                         action_fn=action_fn if callable(action_fn) else None,
-                         catalog=catalog if catalog is not None else _load_catalog())
-    services.extras["placement_loop"] = loop
-    return loop
+def make_placement_loop(rt: Runtime) -> PlacementLoop:
+    """The loop on `rt.policy` (fixed weights when None) and the offline catalog, if any."""
+    return PlacementLoop(rt.store, rt.clock, rt.settings.placement, action_fn=rt.policy,
+                         catalog=_load_catalog(rt))
 
 
-def _load_catalog() -> Catalog | None:
+def _load_catalog(rt: Runtime) -> Catalog | None:
     try:
-        from providers.catalog import Catalog
-
-        return Catalog.load()
+        return rt.offline_catalog()
     except Exception:  # noqa: BLE001 - the catalog is optional: RTTs fall back to estimates
         log.warning("catalog not available; placement uses estimated RTTs and egress prices")
         return None

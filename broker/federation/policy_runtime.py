@@ -1,6 +1,6 @@
 """The trained RL policy in the live broker: loaded once at start, asked once per epoch.
 
-`install_policy` (a start-up hook, see registry.py) reads `settings.policy`:
+`install_policy` (a start-up step, see `broker.app.start_up`) reads `settings.policy`:
 
 - `checkpoint = ""` (default): the checkpoint shipped in `broker/policy_data/policy.pt`; if the
   package lacks it, a warning and the operator's fixed weights;
@@ -9,8 +9,8 @@
 - `checkpoint = "none"` or `enabled = false`: fixed weights (`PlacementSettings.headroom`,
   `latency_weight_usd_per_ms`), exactly what the plain `lp` policy does.
 
-It puts a `PolicyRuntime` into `services.extras["policy_runtime"]` and, as the function the
-placement loop calls, into `services.extras["policy_action_fn"]`.
+It sets `Runtime.policy` to a `PolicyRuntime`, which the placement loop calls as its action
+function and the explain API uses for SHAP.
 
 `PolicyRuntime.decide(snapshot)` is synchronous torch inference: the placement loop calls it
 in the same worker thread as the planner, never on the event loop. Besides the action it
@@ -45,7 +45,7 @@ from broker.errors import ConfigError
 from broker.settings import PlacementSettings, Settings
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
     from broker.placement.policy import ActorCritic, GraphObs
 
 log = logging.getLogger(__name__)
@@ -310,14 +310,13 @@ def load_policy(settings: Settings, *, shipped: Path | None = None) -> PolicyRun
                          sha256=_sha256(path))
 
 
-async def install_policy(services: Services) -> None:
-    """Start-up hook: load the policy (off the event loop) and hand it to the placement loop."""
+async def install_policy(rt: Runtime) -> None:
+    """Start-up step: load the policy (off the event loop) into `rt.policy`."""
     import asyncio
 
-    runtime = await asyncio.to_thread(load_policy, services.settings)
-    services.extras["policy_runtime"] = runtime
-    services.extras["policy_action_fn"] = runtime
-    log.info("placement policy: %s", runtime.describe())
+    policy = await asyncio.to_thread(load_policy, rt.settings)
+    rt.policy = policy
+    log.info("placement policy: %s", policy.describe())
 
 
 def model_for(record: Mapping[str, Any], runtime: PolicyRuntime | None) -> ActorCritic:

@@ -38,13 +38,14 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from broker.clock import Clock, sleep_or_stop
+from broker.clock import Clock
 from broker.errors import StoreError
+from broker.federation.looping import PollingLoop
 from providers.base import CloudProvider, Offer, Quota
 from providers.errors import ConfigError, ProviderError
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
     from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,8 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, ProviderError) and exc.retryable
 
 
-class QuotaSync:
-    """The loop (``name``, ``run(stop)``) and one pass (``sync_once``)."""
+class QuotaSync(PollingLoop):
+    """The loop (a `PollingLoop`: each step is one ``sync_once``) and that pass."""
 
     name = "quota_sync"
 
@@ -114,10 +115,9 @@ class QuotaSync:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
+        super().__init__(clock, interval_s=interval_s)
         self._store = store
         self._accounts = list(accounts)
-        self._clock = clock
-        self._interval_s = interval_s
         self._stale_after = stale_after_failures
         self._retry = retry or RetryPolicy()
         self._sleep = sleep or asyncio.sleep
@@ -126,10 +126,8 @@ class QuotaSync:
         # two accounts of one cloud share its (provider, region) offer rows: write one at a time
         self._offer_locks: dict[str, asyncio.Lock] = {}
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.sync_once()
-            await sleep_or_stop(self._clock, self._interval_s, stop)
+    async def step(self) -> list[RegionResult]:
+        return await self.sync_once()
 
     async def sync_once(self) -> list[RegionResult]:
         """One pass over every account and region; accounts run concurrently."""
@@ -154,11 +152,11 @@ class QuotaSync:
                     health.stale = True
             else:
                 health.failures, health.stale = 0, False
-                health.last_ok_s = self._clock.now()
+                health.last_ok_s = self.clock.now()
                 await uow.quotas.mark_account_fresh(account.name,
                                                     provider=account.provider.name)
         if health.last_ok_s is not None:
-            SYNC_STALENESS.labels(account.name).set(self._clock.now() - health.last_ok_s)
+            SYNC_STALENESS.labels(account.name).set(self.clock.now() - health.last_ok_s)
         return results
 
     async def _with_retry(self, fn: Callable[[], Awaitable[T]]) -> T:
@@ -174,7 +172,7 @@ class QuotaSync:
 
     async def _sync_region(self, account: Account, region: str) -> RegionResult:
         prov = account.provider
-        started = self._clock.now()
+        started = self.clock.now()
         try:
             with SYNC_DURATION.labels(account.name, region).time():
                 offers = await self._with_retry(lambda: prov.list_offers(region=region))
@@ -295,11 +293,11 @@ def load_accounts(path: Path) -> list[Account]:
     return out
 
 
-def make_quota_sync(services: Services) -> QuotaSync | None:
-    """LOOP_FACTORIES entry: on when ``[sync] accounts_file`` is configured, else off."""
-    s = services.settings.sync
+def make_quota_sync(rt: Runtime) -> QuotaSync | None:
+    """On when ``[sync] accounts_file`` is configured, else off (None)."""
+    s = rt.settings.sync
     if not s.accounts_file:
         return None
     accounts = load_accounts(Path(s.accounts_file))
-    return QuotaSync(services.store, accounts, services.clock, interval_s=s.interval_s,
+    return QuotaSync(rt.store, accounts, rt.clock, interval_s=s.interval_s,
                      stale_after_failures=s.stale_after_failures)

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING
 from broker.clock import Clock
 from broker.domain import WorkloadStatus
 from broker.errors import BrokerError
+from broker.federation.looping import PollingLoop
 from broker.store import Store
 from providers.base import ClusterDriver, DriverStatus, WorkloadPhase
 from providers.errors import ProviderError
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +49,17 @@ _ALLOWED_FROM = {
 }
 
 
-class Reconciler:
-    """See the module docstring."""
+class Reconciler(PollingLoop):
+    """See the module docstring. Each step is one `reconcile_once`, every `poll_s`."""
 
     name = "reconciler"
 
     def __init__(self, store: Store, drivers: Mapping[str, ClusterDriver], clock: Clock, *,
                  poll_s: float = 2.0, down_after: int = 3, stuck_after_s: float = 300.0,
                  timeout_s: float = 10.0) -> None:
+        super().__init__(clock, interval_s=poll_s)
         self._store = store
         self._drivers = drivers
-        self._clock = clock
-        self._poll_s = poll_s
         self._down_after = down_after
         self._stuck_after_s = stuck_after_s
         self._timeout_s = timeout_s
@@ -69,13 +69,8 @@ class Reconciler:
         self.requeued: list[str] = []
         self.orphans_deleted: list[tuple[str, str]] = []
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.reconcile_once()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self._poll_s)
-            except TimeoutError:
-                continue
+    async def step(self) -> None:
+        await self.reconcile_once()
 
     async def reconcile_once(self) -> None:
         for name, driver in sorted(self._drivers.items()):
@@ -113,7 +108,7 @@ class Reconciler:
 
     async def _apply_statuses(self, cluster: str, statuses: list[DriverStatus]) -> list[str]:
         """Write driver phases to workloads; return workloads the cluster runs by mistake."""
-        now = self._clock.now()
+        now = self.clock.now()
         orphans: list[str] = []
         async with self._store.unit() as uow:
             active = {r.placement.workload_id: r for r in
@@ -170,5 +165,5 @@ class Reconciler:
                     self.requeued.append(rec.placement.workload_id)
 
 
-def make_reconciler(services: Services) -> Reconciler:
-    return Reconciler(services.store, services.drivers, services.clock)
+def make_reconciler(rt: Runtime) -> Reconciler:
+    return Reconciler(rt.store, rt.drivers, rt.clock)

@@ -10,7 +10,7 @@ Two sources, both optional:
   Each result series is attributed to the cluster named by its ``cluster`` label (or ``"*"``
   when the query aggregates everything).
 
-The loop keeps the latest values in memory (``latest``, also ``services.extras["telemetry"]``)
+The loop keeps the latest values in memory (``latest``; the broker's loop is ``Runtime.telemetry``)
 and writes them under ``attrs["telemetry"]`` of each cluster in the store, with the time they
 were read, so placement can use them and see their age. A failing source is logged and the
 others are still read; values are never invented.
@@ -18,7 +18,6 @@ others are still read; values are never invented.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Mapping
@@ -27,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from broker.clock import Clock, sleep_or_stop
+from broker.clock import Clock
 from broker.errors import BrokerError
+from broker.federation.looping import PollingLoop
 from providers.base import Capability, ClusterDriver
 
 if TYPE_CHECKING:
-    from broker.app import Services
+    from broker.federation.runtime import Runtime
     from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -126,22 +126,24 @@ class ClusterTelemetry:
                 "node_memory_used_gib": self.node_memory_used_gib, "app": dict(self.app)}
 
 
-class TelemetryLoop:
+class TelemetryLoop(PollingLoop):
+    """Each step is one `read_once`, every `interval_s`."""
+
     name = "telemetry"
 
     def __init__(self, store: Store, clock: Clock, *, drivers: Mapping[str, ClusterDriver],
-                 prometheus: PrometheusReader | None, interval_s: float = 30.0,
-                 sink: dict[str, Any] | None = None) -> None:
+                 prometheus: PrometheusReader | None, interval_s: float = 30.0) -> None:
+        super().__init__(clock, interval_s=interval_s)
         self._store = store
-        self._clock = clock
         self._drivers = drivers
         self._prom = prometheus
-        self._interval_s = interval_s
         self.latest: dict[str, ClusterTelemetry] = {}
-        self._sink = sink
+
+    async def step(self) -> dict[str, ClusterTelemetry]:
+        return await self.read_once()
 
     async def read_once(self) -> dict[str, ClusterTelemetry]:
-        now = self._clock.now()
+        now = self.clock.now()
         result: dict[str, ClusterTelemetry] = {}
         for name, drv in self._drivers.items():
             node_usage = getattr(drv, "node_usage", None)
@@ -160,8 +162,6 @@ class TelemetryLoop:
                 for cluster, value in per.items():
                     result.setdefault(cluster, ClusterTelemetry(read_s=now)).app[metric] = value
         self.latest = result
-        if self._sink is not None:
-            self._sink["telemetry"] = result
         await self._persist(result)
         return result
 
@@ -176,20 +176,15 @@ class TelemetryLoop:
         except BrokerError as exc:
             log.warning("storing telemetry failed: %s", exc)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.read_once()
-            await sleep_or_stop(self._clock, self._interval_s, stop)
-
-
-def make_telemetry(services: Services) -> TelemetryLoop | None:
-    """LOOP_FACTORIES entry: on when Prometheus is configured or a driver serves metrics."""
-    t = services.settings.telemetry
+def make_telemetry(rt: Runtime) -> TelemetryLoop | None:
+    """On when Prometheus is configured or a driver serves metrics (`rt.drivers` as the
+    start-up steps left it)."""
+    t = rt.settings.telemetry
     prom = (PrometheusReader(t.prometheus_url, t.queries or DEFAULT_QUERIES)
             if t.prometheus_url else None)
-    metric_drivers = {n: d for n, d in services.drivers.items()
+    metric_drivers = {n: d for n, d in rt.drivers.items()
                       if Capability.METRICS in d.capabilities}
     if prom is None and not metric_drivers:
         return None
-    return TelemetryLoop(services.store, services.clock, drivers=services.drivers,
-                         prometheus=prom, interval_s=t.interval_s, sink=services.extras)
+    return TelemetryLoop(rt.store, rt.clock, drivers=rt.drivers, prometheus=prom,
+                         interval_s=t.interval_s)

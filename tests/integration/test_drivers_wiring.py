@@ -1,5 +1,5 @@
-"""The registry wired into the broker as `broker/federation/registry.py` wires it: the startup
-hook fills `Services.drivers`, the dispatcher (which holds that dict) applies a placement on a
+"""The registry wired into the broker as `broker/app.py` wires it: the start-up step fills
+`Runtime.drivers`, the dispatcher (which holds that dict) applies a placement on a
 registered kubernetes cluster, and the Deployment lands in kmock."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import kmock
 import pytest
 
-from broker.app import Services, build_services
+from broker.app import build_runtime
 from broker.domain import (
     Assignment,
     Cluster,
@@ -26,12 +26,12 @@ from broker.domain import (
 )
 from broker.federation.dispatcher import make_dispatcher
 from broker.federation.drivers import (
-    REGISTRY_KEY,
     DriverRegistry,
     install_drivers,
     make_driver_refresh,
     registry_of,
 )
+from broker.federation.runtime import Runtime
 from broker.settings import load_settings
 from broker.store import migrate
 from providers.kubernetes import KubernetesDriver
@@ -43,17 +43,16 @@ DEP_RES = kmock.resource("apps", "v1", "deployments")
 
 
 @pytest.fixture
-async def services(tmp_path: Path) -> AsyncIterator[Services]:
+async def rt(tmp_path: Path) -> AsyncIterator[Runtime]:
     url = f"sqlite+aiosqlite:///{tmp_path / 'skyfed.db'}"
     await migrate.upgrade(url)
-    svc = build_services(load_settings(store={"url": url}, data_dir=tmp_path))
+    runtime = build_runtime(load_settings(store={"url": url}, data_dir=tmp_path))
     try:
-        yield svc
+        yield runtime
     finally:
-        reg = svc.extras.get(REGISTRY_KEY)
-        if isinstance(reg, DriverRegistry):
-            await reg.aclose()
-        await svc.store.close()
+        if isinstance(runtime.driver_registry, DriverRegistry):
+            await runtime.driver_registry.aclose()
+        await runtime.store.close()
 
 
 @pytest.fixture
@@ -71,8 +70,8 @@ def _cluster(name: str) -> Cluster:
              max_nodes=4, price_usd_per_hour=0.17),))
 
 
-async def test_startup_hook_fills_services_drivers_and_dispatch_lands_in_kmock(
-        services: Services, kube_server: tuple[Any, str], tmp_path: Path) -> None:
+async def test_startup_step_fills_runtime_drivers_and_dispatch_lands_in_kmock(
+        rt: Runtime, kube_server: tuple[Any, str], tmp_path: Path) -> None:
     k, server = kube_server
     kubeconfig = tmp_path / "kubeconfig.yaml"
     kubeconfig.write_text(
@@ -83,7 +82,7 @@ async def test_startup_hook_fills_services_drivers_and_dispatch_lands_in_kmock(
         "current-context: km\n")
     spec = WorkloadSpec(name="web", kind=WorkloadKind.SERVICE, image="nginx:1.27", replicas=3,
                         resources=Resources(0.5, 1.0, 0))
-    async with services.store.unit() as uow:
+    async with rt.store.unit() as uow:
         await uow.tenants.ensure("admin")
         await uow.clusters.upsert(_cluster("sim-1"), tenant="admin")
         await uow.clusters.upsert(_cluster("k8s-1"), tenant="admin",
@@ -95,11 +94,11 @@ async def test_startup_hook_fills_services_drivers_and_dispatch_lands_in_kmock(
                        price_usd_per_hour=0.1),)))
         await uow.clusters.upsert(Cluster(name="edge-1", provider="edge", region="edge-1"),
                                   tenant="admin")
-    dispatcher = make_dispatcher(services)  # built before the hook, as build_loops may do
-    await install_drivers(services)
-    assert sorted(services.drivers) == ["edge-1", "k8s-1", "sim-1"]
-    assert isinstance(services.drivers["k8s-1"], KubernetesDriver)
-    assert registry_of(services) is services.extras[REGISTRY_KEY]
+    dispatcher = make_dispatcher(rt)  # built before the start-up step: it holds rt.drivers
+    await install_drivers(rt)
+    assert sorted(rt.drivers) == ["edge-1", "k8s-1", "sim-1"]
+    assert isinstance(rt.drivers["k8s-1"], KubernetesDriver)
+    assert registry_of(rt) is rt.driver_registry
 
     assert await dispatcher.dispatch_once() == 1
     deployments = [key for key in k.objects if key[0] == DEP_RES]
@@ -110,16 +109,16 @@ async def test_startup_hook_fills_services_drivers_and_dispatch_lands_in_kmock(
     assert body["metadata"]["labels"]["skyfed.io/cluster"] == "k8s-1"
 
     hub = _Hub()
-    services.extras["edge_hub"] = hub  # the edge hub's factory publishes itself here, later
-    await services.drivers["edge-1"].delete(workload_id="w-9")
+    rt.edge_hub = hub  # build_loops sets the real hub, later
+    await rt.drivers["edge-1"].delete(workload_id="w-9")
     assert hub.sent == [("edge-1", "stop")]
 
-    loop = make_driver_refresh(services)
-    assert loop.registry is registry_of(services)
+    loop = make_driver_refresh(rt)
+    assert loop.registry is registry_of(rt)
     stop = asyncio.Event()
     stop.set()  # an already-stopped loop closes the registry it owns
     await loop.run(stop)
-    assert dict(services.drivers) == {}
+    assert dict(rt.drivers) == {}
 
 
 class _Hub:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from broker.app import build_services, create_app, ensure_admin_token
+from broker.app import build_runtime, create_app, ensure_admin_token
 from broker.settings import load_settings
 from tests.integration.test_foundation_store import db_url  # noqa: F401  (fixture)
 
@@ -40,12 +40,12 @@ class Api:
 async def api(db_url: str, tmp_path: Path) -> AsyncIterator[Api]:  # noqa: F811
     settings = load_settings(store={"url": db_url}, data_dir=tmp_path,
                              api={"max_body_bytes": 4096})
-    services = build_services(settings)
-    admin = await ensure_admin_token(services)
+    rt = build_runtime(settings)
+    admin = await ensure_admin_token(rt)
     assert admin is not None
     assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
-    assert await ensure_admin_token(services) is None  # only on first start
-    app = create_app(services)
+    assert await ensure_admin_token(rt) is None  # only on first start
+    app = create_app(rt)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         ah = {"Authorization": f"Bearer {admin}"}
@@ -55,7 +55,7 @@ async def api(db_url: str, tmp_path: Path) -> AsyncIterator[Api]:  # noqa: F811
             assert r.status_code == 201, r.text
             tokens.append({"Authorization": f"Bearer {r.json()['token']}"})
         yield Api(c, ah, tokens[0], tokens[1])
-    await services.store.close()
+    await rt.store.close()
 
 
 async def count(api: Api, h: dict[str, str]) -> int:
@@ -234,15 +234,15 @@ async def test_unmigrated_or_unreachable_database_is_not_ready(tmp_path: Path) -
 
     settings = load_settings(store={"url": f"sqlite:///{tmp_path / 'empty.db'}"},
                              data_dir=tmp_path)
-    services = build_services(settings)
+    rt = build_runtime(settings)
     try:
-        transport = httpx.ASGITransport(app=create_app(services))
+        transport = httpx.ASGITransport(app=create_app(rt))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             r = await c.get("/readyz")
         assert r.status_code == 503
         assert "skyfed db upgrade" in r.json()["detail"]
     finally:
-        await services.store.close()
+        await rt.store.close()
     down = Store.from_url("postgresql+asyncpg://postgres@127.0.0.1:1/test")
     try:
         with pytest.raises(StoreError):

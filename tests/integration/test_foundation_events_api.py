@@ -11,9 +11,9 @@ pytestmark = pytest.mark.integration
 
 
 async def test_events_are_scoped_to_the_tenant_plus_system_events(api: Api) -> None:  # noqa: F811
-    services = api.client._transport.app.state.services  # type: ignore[attr-defined]
+    rt = api.client._transport.app.state.runtime  # type: ignore[attr-defined]
     wid = (await api.client.post("/v1/workloads", json=WEB, headers=api.alice)).json()["id"]
-    async with services.store.unit() as uow:
+    async with rt.store.unit() as uow:
         await uow.events.append(kind="edge.failover", subject="svc-a", tenant=None,
                                 data={"serving_ms": 21.0})
     alice = (await api.client.get("/v1/events", headers=api.alice)).json()["items"]
@@ -32,8 +32,8 @@ async def test_events_are_scoped_to_the_tenant_plus_system_events(api: Api) -> N
 
 
 async def test_providers_lists_account_sync_health(api: Api) -> None:  # noqa: F811
-    services = api.client._transport.app.state.services  # type: ignore[attr-defined]
-    async with services.store.unit() as uow:
+    rt = api.client._transport.app.state.runtime  # type: ignore[attr-defined]
+    async with rt.store.unit() as uow:
         await uow.quotas.mark_account_stale("aws-main", provider="aws", error="throttled")
     items = (await api.client.get("/v1/providers", headers=api.alice)).json()["items"]
     assert items == [{"name": "aws-main", "provider": "aws", "stale": True,

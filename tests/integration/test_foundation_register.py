@@ -18,8 +18,8 @@ async def test_pool_shape_and_price_come_from_the_catalog(api: Api) -> None:  # 
                        "node": {"cpu": 4, "memory": 8}, "priceUsdPerHour": 0.1}]}
     r = await api.client.post("/v1/clusters", json=body, headers=api.admin)
     assert r.status_code == 201, r.text
-    services = api.client._transport.app.state.services  # type: ignore[attr-defined]
-    async with services.store.unit() as uow:
+    rt = api.client._transport.app.state.runtime  # type: ignore[attr-defined]
+    async with rt.store.unit() as uow:
         pools = {p.name: p for p in (await uow.clusters.get("gcp-euw4")).cluster.pools}
     a100 = pools["a100"]
     assert (a100.node.cpu, a100.node.gpu, a100.gpu_model) == (96, 8, "A100")

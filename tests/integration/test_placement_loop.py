@@ -6,8 +6,9 @@ SimulatedClusterDrivers (the cloud API edge).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -162,20 +163,20 @@ async def test_missing_driver_is_counted_then_requeued(store: Store) -> None:
 async def test_explain_and_whatif_over_http(tmp_path: Path) -> None:
     import httpx
 
-    from broker.app import build_services, create_app, ensure_admin_token
+    from broker.app import build_runtime, create_app, ensure_admin_token
     from broker.settings import load_settings
 
     url = f"sqlite+aiosqlite:///{tmp_path / 'api.db'}"
     await migrate.upgrade(url)
-    services = build_services(load_settings(store={"url": url}, data_dir=tmp_path))
-    admin = await ensure_admin_token(services)
+    rt = build_runtime(load_settings(store={"url": url}, data_dir=tmp_path))
+    admin = await ensure_admin_token(rt)
     try:
-        [wid] = await _seed(services.store, ["web"])
-        await PlacementLoop(services.store, services.clock, PlacementSettings(),
+        [wid] = await _seed(rt.store, ["web"])
+        await PlacementLoop(rt.store, rt.clock, PlacementSettings(),
                             catalog=None).tick()
-        async with services.store.unit() as uow:
+        async with rt.store.unit() as uow:
             pid = (await uow.workloads.get(wid)).placement_id
-        transport = httpx.ASGITransport(app=create_app(services))
+        transport = httpx.ASGITransport(app=create_app(rt))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             h = {"Authorization": f"Bearer {admin}"}
             r = await c.get(f"/v1/placements/{pid}/explain", headers=h)
@@ -193,4 +194,34 @@ async def test_explain_and_whatif_over_http(tmp_path: Path) -> None:
             assert "nope" in r.text
             assert (await c.get(f"/v1/placements/{pid}/explain")).status_code == 401
     finally:
-        await services.store.close()
+        await rt.store.close()
+
+
+async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Wait (real time: the store does I/O) until `cond()` holds."""
+    for _ in range(int(timeout_s / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_loops_poll_the_injected_clock_and_placement_wakes_at_once(store: Store) -> None:
+    clock = ManualClock(1000.0)
+    drivers = {"cheap": _driver("cheap", clock), "dear": _driver("dear", clock)}
+    placement = PlacementLoop(store, clock, PlacementSettings(epoch_s=600.0), catalog=None)
+    dispatcher = Dispatcher(store, drivers, clock, poll_s=60.0)
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        for lp in (placement, dispatcher):
+            tg.create_task(lp.run(stop), name=f"test:{lp.name}")
+        await _until(lambda: clock.sleepers == 2, "both loops to sleep on the clock")
+        [wid] = await _seed(store, ["web"])
+        placement.wake()  # what a submission does: no waiting out the 600 s epoch
+        await _until(lambda: placement.ticks == 1 and clock.sleepers == 2, "the placement")
+        assert dispatcher.applied == 0  # the dispatcher sleeps until its interval passes
+        clock.advance(60.0)
+        await _until(lambda: dispatcher.applied == 1, "the dispatch")
+        stop.set()
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.PLACED

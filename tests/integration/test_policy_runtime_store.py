@@ -1,4 +1,4 @@
-"""The RL policy in the live shell: start-up hook -> placement loop -> stored decision -> explain.
+"""The RL policy in the live shell: start-up step -> placement loop -> stored decision -> explain.
 
 Real store (PostgreSQL schema per test, or a SQLite file); the shipped checkpoint steers.
 """
@@ -12,11 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.app import Services, build_services, create_app, ensure_admin_token
+from broker.app import build_runtime, create_app, ensure_admin_token
 from broker.domain import Cluster, Pool, Resources, WorkloadKind, WorkloadSpec
 from broker.errors import ConfigError
 from broker.federation.placement_loop import make_placement_loop
 from broker.federation.policy_runtime import PolicyRuntime, install_policy
+from broker.federation.runtime import Runtime
 from broker.settings import load_settings
 from broker.store import Store, migrate
 
@@ -59,26 +60,24 @@ async def _seed(store: Store) -> list[str]:
     return ids
 
 
-async def _services(url: str, tmp_path: Path, **policy: object) -> Services:
-    return build_services(load_settings(store={"url": url}, data_dir=tmp_path, policy=policy))
+async def _runtime(url: str, tmp_path: Path, **policy: object) -> Runtime:
+    return build_runtime(load_settings(store={"url": url}, data_dir=tmp_path, policy=policy))
 
 
 async def test_decision_records_policy_and_explain_attributes(url: str, tmp_path: Path) -> None:
-    services = await _services(url, tmp_path)
+    rt = await _runtime(url, tmp_path)
     try:
-        admin = await ensure_admin_token(services)
-        await install_policy(services)
-        runtime = services.extras["policy_runtime"]
+        admin = await ensure_admin_token(rt)
+        await install_policy(rt)
+        runtime = rt.policy
         assert isinstance(runtime, PolicyRuntime)
-        assert services.extras["policy_action_fn"] is runtime
-        ids = await _seed(services.store)
-        services.extras["catalog"] = None
-        loop = make_placement_loop(services)
+        ids = await _seed(rt.store)
+        loop = make_placement_loop(rt)
         plan = await loop.tick()
         assert plan is not None
         assert len(plan.placements) == 2
         pids, records = [], []
-        async with services.store.unit() as uow:
+        async with rt.store.unit() as uow:
             for wid in ids:
                 pid = (await uow.workloads.get(wid)).placement_id
                 assert pid is not None
@@ -97,7 +96,7 @@ async def test_decision_records_policy_and_explain_attributes(url: str, tmp_path
         assert records[1 - holder]["observation_in"] == pids[holder]
         assert "observation" not in records[1 - holder]
 
-        transport = httpx.ASGITransport(app=create_app(services))
+        transport = httpx.ASGITransport(app=create_app(rt))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             h = {"Authorization": f"Bearer {admin}"}
             r = await c.get(f"/v1/placements/{pid}/explain", headers=h)
@@ -119,23 +118,22 @@ async def test_decision_records_policy_and_explain_attributes(url: str, tmp_path
                              headers=h)
             assert r.status_code == 200, r.text
     finally:
-        await services.store.close()
+        await rt.store.close()
 
 
 async def test_fixed_weights_recorded_and_explain_says_why(url: str, tmp_path: Path) -> None:
-    services = await _services(url, tmp_path, checkpoint="none")
+    rt = await _runtime(url, tmp_path, checkpoint="none")
     try:
-        admin = await ensure_admin_token(services)
-        await install_policy(services)
-        ids = await _seed(services.store)
-        services.extras["catalog"] = None
-        await make_placement_loop(services).tick()
-        async with services.store.unit() as uow:
+        admin = await ensure_admin_token(rt)
+        await install_policy(rt)
+        ids = await _seed(rt.store)
+        await make_placement_loop(rt).tick()
+        async with rt.store.unit() as uow:
             pid = (await uow.workloads.get(ids[0])).placement_id
             stored = await uow.placements.get_decision(str(pid))
         assert stored["policy_action"]["source"] == "fixed"
-        assert stored["policy_action"]["headroom"] == services.settings.placement.headroom
-        transport = httpx.ASGITransport(app=create_app(services))
+        assert stored["policy_action"]["headroom"] == rt.settings.placement.headroom
+        transport = httpx.ASGITransport(app=create_app(rt))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             r = await c.get(f"/v1/placements/{pid}/explain?policy=true",
                             headers={"Authorization": f"Bearer {admin}"})
@@ -144,14 +142,14 @@ async def test_fixed_weights_recorded_and_explain_says_why(url: str, tmp_path: P
         assert pe["available"] is False
         assert "no learned policy" in pe["reason"]
     finally:
-        await services.store.close()
+        await rt.store.close()
 
 
 async def test_missing_operator_checkpoint_stops_the_hook(url: str, tmp_path: Path) -> None:
-    services = await _services(url, tmp_path, checkpoint=str(tmp_path / "gone.pt"))
+    rt = await _runtime(url, tmp_path, checkpoint=str(tmp_path / "gone.pt"))
     try:
         with pytest.raises(ConfigError, match=r"gone\.pt"):
-            await install_policy(services)
-        assert "policy_action_fn" not in services.extras
+            await install_policy(rt)
+        assert rt.policy is None
     finally:
-        await services.store.close()
+        await rt.store.close()

@@ -117,13 +117,12 @@ async def test_loop_stores_latest_values_on_the_cluster(prometheus: str, pg_url:
             await uow.tenants.ensure("acme")
             await uow.clusters.upsert(Cluster(name="aws-use1", provider="aws",
                                               region="us-east-1"), tenant="acme")
-        sink: dict[str, object] = {}
-        loop = TelemetryLoop(store, ManualClock(2000.0), drivers={}, sink=sink,
+        loop = TelemetryLoop(store, ManualClock(2000.0), drivers={},
                              prometheus=PrometheusReader(prometheus, {
                                  "qps": "sum by (cluster) (demo_requests_per_second)"}))
         latest = await loop.read_once()
         assert latest["aws-use1"].app == {"qps": 42.0}
-        assert sink["telemetry"] is latest
+        assert loop.latest is latest
         async with store.unit() as uow:
             rec = await uow.clusters.get("aws-use1")
         assert rec.attrs["telemetry"]["app"] == {"qps": 42.0}

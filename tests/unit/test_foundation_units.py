@@ -11,10 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from broker.api.schemas import ClusterIn, WorkloadIn, parse_cpu, parse_memory_gib
-from broker.app import supervise
 from broker.clock import ManualClock, SystemClock
 from broker.domain import Interconnect, WorkloadKind
 from broker.errors import ConfigError, ConflictError, NotFoundError, StoreError
+from broker.federation.looping import supervise
 from broker.store.auth import hash_token, new_token
 from broker.store.engine import parse_store_url
 from broker.store.mapping import spec_from_json, spec_sha256, spec_to_json
