@@ -65,17 +65,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quota_headroom
-from broker.placement.ledger import NEW_NODE_EPSILON_USD, conflicts
+from broker.placement import lp_rows
+from broker.placement.candidates import CandidateSet, FloatArray, IntArray
+from broker.placement.ledger import NEW_NODE_EPSILON_USD
 
-_RES = ("cpu", "memory", "gpu")
 _BANNER_LOCK = threading.Lock()
 _banner_state = {"silenced": False}
 
@@ -128,29 +127,6 @@ class MipResult:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-class _Rows:
-    """COO accumulator for the constraint matrix."""
-
-    def __init__(self) -> None:
-        self.r: list[IntArray] = []
-        self.c: list[IntArray] = []
-        self.v: list[FloatArray] = []
-        self.lo: list[float] = []
-        self.hi: list[float] = []
-        self.names: list[tuple[str, str]] = []
-
-    def add(self, cols: Sequence[int] | IntArray, vals: Sequence[float] | FloatArray,
-            lo: float, hi: float, name: tuple[str, str]) -> None:
-        row = len(self.lo)
-        cols_a = np.asarray(cols, dtype=np.int64)
-        self.r.append(np.full(cols_a.size, row, dtype=np.int64))
-        self.c.append(cols_a)
-        self.v.append(np.asarray(vals, dtype=np.float64))
-        self.lo.append(lo)
-        self.hi.append(hi)
-        self.names.append(name)
-
-
 def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -> Model:
     """Assemble the matrix of the module docstring from a candidate set."""
     n_w = len(cs.workloads)
@@ -168,7 +144,7 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
     n_col_of = {int(o): n_start + k for k, o in enumerate(used_opts)}
     y_start = n_start + used_opts.size
     inf = math.inf
-    rows = _Rows()
+    rows = lp_rows.Rows()
     # demand rows 0..W-1 (vectorised): row w holds w's x columns and u_w
     starts = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
     rows.r.append(np.concatenate((x_w, np.arange(n_w, dtype=np.int64))))
@@ -178,10 +154,10 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
     rows.lo.extend(float(r) for r in replicas)
     rows.hi.extend(float(r) for r in replicas)
     rows.names.extend(("demand", w.id) for w in cs.workloads)
-    cap_rows = _capacity_rows(cs, rows, x_w, x_o, used_opts, n_col_of)
-    _quota_rows(cs, rows, used_opts, n_col_of)
-    budget_rows = _budget_rows(cs, rows, x_w, x_o, tenant_budgets)
-    y_keys = _spread_rows(cs, rows, x_w, x_o, starts, u_start, y_start)
+    cap_rows = lp_rows.capacity_rows(cs, rows, x_w, x_o, used_opts, n_col_of)
+    lp_rows.quota_rows(cs, rows, used_opts, n_col_of)
+    budget_rows = lp_rows.budget_rows(cs, rows, x_w, x_o, tenant_budgets)
+    y_keys = lp_rows.spread_rows(cs, rows, x_w, x_o, starts, u_start, y_start)
     n_y = len(y_keys)
     n_col = y_start + n_y
     cost = np.zeros(n_col)
@@ -194,9 +170,9 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
     # demand duals degenerate (and reduced-cost pricing useless).
     col_hi[:n_x] = inf
     col_hi[u_start:n_start] = replicas
-    node_hi = _node_bounds(cs, used_opts)
+    node_hi = lp_rows.node_bounds(cs, used_opts)
     col_hi[n_start:y_start] = node_hi
-    col_hi[:n_x] = _fit_bounds(cs, x_w, x_o, used_opts, node_hi)
+    col_hi[:n_x] = lp_rows.fit_bounds(cs, x_w, x_o, used_opts, node_hi)
     col_hi[y_start:] = 1.0
     integer = np.ones(n_col, dtype=np.int64)
     integer[u_start:n_start] = 0
@@ -214,164 +190,6 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
                  x_w=x_w, x_o=x_o, n_x=n_x, u_start=u_start, n_start=n_start,
                  n_opts=used_opts.astype(np.int64), y_start=y_start, n_y=n_y,
                  y_keys=y_keys, cap_rows=cap_rows, budget_rows=budget_rows)
-
-
-def _node_bounds(cs: CandidateSet, used_opts: IntArray) -> FloatArray:
-    """n_o <= min(can_add, floor(quota / node size)): valid for integer n, and it keeps
-    the relaxation from buying a fraction of a node the quota cannot fit whole."""
-    node = cs.option_node()
-    out = np.zeros(used_opts.size)
-    quotas: dict[str, tuple[float | None, float | None]] = {}
-    for k, o in enumerate(used_opts):
-        opt = cs.options[int(o)]
-        cname = opt.cluster.name
-        if cname not in quotas:
-            quotas[cname] = quota_headroom(opt.cluster, cs.options)
-        bound = float(opt.pool.can_add_nodes)
-        for left, dim in ((quotas[cname][0], 0), (quotas[cname][1], 2)):
-            if left is not None and node[int(o), dim] > 0:
-                bound = min(bound, math.floor(left / node[int(o), dim] + 1e-9))
-        out[k] = max(0.0, bound)
-    return out
-
-
-def _fit_bounds(cs: CandidateSet, x_w: IntArray, x_o: IntArray, used_opts: IntArray,
-                node_hi: FloatArray) -> FloatArray:
-    """x[w,o] <= floor(most the pool could ever hold / d[w]) where that is below R[w].
-
-    A cut that is valid for integer x (w alone, with every addable node) and
-    removes the relaxation's favourite cheat: half a 2-GPU job in a pool with
-    one GPU free. Where it does not bind, the column stays unbounded (x <= R
-    is implied, and an explicit copy would only make the demand duals degenerate).
-    """
-    hv = cs.headroom_vec()
-    node = cs.option_node()
-    most = np.zeros((len(cs.options), 3))
-    for k, o in enumerate(used_opts):
-        pool = cs.options[int(o)].pool
-        free = np.array([max(0.0, pool.free.cpu), max(0.0, pool.free.memory_gib),
-                         max(0.0, float(pool.free.gpu))])
-        most[int(o)] = hv * (free + node_hi[k] * node[int(o)])
-    d = cs.demand[x_w]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        exact = np.where(d > 0, most[x_o] / np.where(d > 0, d, 1.0), np.inf).min(axis=1)
-    fit = np.floor(exact + 1e-9)
-    # Only where it cuts something off (capacity not a multiple of the demand): an
-    # integral bound adds nothing and would take the shadow price from the row.
-    cuts = (fit < cs.replicas[x_w]) & (fit < exact - 1e-9)
-    return np.where(cuts, fit, math.inf)
-
-
-def _capacity_rows(cs: CandidateSet, rows: _Rows, x_w: IntArray, x_o: IntArray,
-                   used_opts: IntArray, n_col_of: dict[int, int]) -> dict[tuple[int, int], int]:
-    hv = cs.headroom_vec()
-    out: dict[tuple[int, int], int] = {}
-    node = cs.option_node()
-    order = np.argsort(x_o, kind="stable")
-    bounds = np.searchsorted(x_o[order], used_opts, side="left")
-    ends = np.searchsorted(x_o[order], used_opts, side="right")
-    for k, o in enumerate(used_opts):
-        cols = order[bounds[k]:ends[k]]
-        pool = cs.options[int(o)].pool
-        rhs = (hv[0] * max(0.0, pool.free.cpu), hv[1] * max(0.0, pool.free.memory_gib),
-               hv[2] * max(0.0, float(pool.free.gpu)))
-        for r in range(3):
-            d = cs.demand[x_w[cols], r]
-            if node[int(o), r] <= 0:
-                continue
-            all_cols = np.append(cols, n_col_of[int(o)])
-            vals = np.append(d, -hv[r] * node[int(o), r])
-            out[(int(o), r)] = len(rows.lo)
-            rows.add(all_cols, vals, -math.inf, rhs[r],
-                     ("capacity", f"{cs.options[int(o)].key}:{_RES[r]}"))
-    return out
-
-
-def _quota_rows(cs: CandidateSet, rows: _Rows, used_opts: IntArray,
-                n_col_of: dict[int, int]) -> None:
-    node = cs.option_node()
-    by_cluster: dict[str, list[int]] = {}
-    for o in used_opts:
-        by_cluster.setdefault(cs.options[int(o)].cluster.name, []).append(int(o))
-    for opts in by_cluster.values():
-        cluster = cs.options[opts[0]].cluster
-        q_cpu, q_gpu = quota_headroom(cluster, cs.options)
-        for left, dim, unit in ((q_cpu, 0, "vcpu"), (q_gpu, 2, "gpu")):
-            if left is None:
-                continue
-            cols = [n_col_of[o] for o in opts if node[o, dim] > 0]
-            if cols:
-                vals = [node[o, dim] for o in opts if node[o, dim] > 0]
-                rows.add(cols, vals, -math.inf, left, ("quota", f"{cluster.name}:{unit}"))
-
-
-def _budget_rows(cs: CandidateSet, rows: _Rows, x_w: IntArray, x_o: IntArray,
-                 tenant_budgets: dict[str, float]) -> dict[str, int]:
-    price = cs.usd_per_hour[x_w, x_o]
-    out: dict[str, int] = {}
-    tenants = np.array([cs.workloads[int(w)].tenant for w in x_w], dtype=object)
-    in_batch = {w.tenant for w in cs.workloads}
-    for tenant, budget in tenant_budgets.items():
-        cols = np.flatnonzero(tenants == tenant)
-        if tenant in in_batch:
-            out[tenant] = len(rows.lo)
-            rows.add(cols, price[cols], -math.inf, budget, ("budget", f"tenant:{tenant}"))
-    for w, wl in enumerate(cs.workloads):
-        if wl.spec.budget_usd_per_hour is not None:
-            cols = np.flatnonzero(x_w == w)
-            rows.add(cols, price[cols], -math.inf, wl.spec.budget_usd_per_hour,
-                     ("budget", f"workload:{wl.id}"))
-    return out
-
-
-def _spread_rows(cs: CandidateSet, rows: _Rows, x_w: IntArray, x_o: IntArray,
-                 starts: IntArray, u_start: int,
-                 y_start: int) -> list[tuple[int, str, str]]:
-    """Spread and anti-affinity rows; returns the key of every y column made."""
-    confl = conflicts(cs.workloads)
-    y_col: dict[tuple[int, str, str], int] = {}
-
-    def y(w: int, kind: str, key: str) -> int:
-        return y_col.setdefault((w, kind, key), y_start + len(y_col))
-
-    for w, wl in enumerate(cs.workloads):
-        spread = wl.spec.spread
-        cols = np.arange(starts[w], starts[w + 1])
-        r = float(cs.replicas[w])
-        if spread is not None and cs.domain[w] and (
-                spread.min_domains > 1 or spread.max_domains is not None):
-            dom_cols: dict[str, list[int]] = {}
-            for c in cols:
-                dom_cols.setdefault(cs.domain[w][int(x_o[c])], []).append(int(c))
-            ys = []
-            for dom, dc in dom_cols.items():
-                yc = y(w, "spread", dom)
-                ys.append(yc)
-                for c in dc:
-                    rows.add([c, yc], [1.0, -r], -math.inf, 0.0, ("spread", wl.id))
-                rows.add([yc, *dc], [1.0] + [-1.0] * len(dc), -math.inf, 0.0,
-                         ("spread", wl.id))
-            m = float(min(spread.min_domains, int(r))) if r > 0 else 0.0
-            if m > 1:
-                rows.add([*ys, u_start + w], [r] * len(ys) + [m], m * r, math.inf,
-                         ("spread", wl.id))
-            if spread.max_domains is not None:
-                rows.add(ys, [1.0] * len(ys), -math.inf, float(spread.max_domains),
-                         ("spread", wl.id))
-        if confl[w]:
-            for c in cols:
-                cname = cs.options[int(x_o[c])].cluster.name
-                rows.add([int(c), y(w, "cluster", cname)], [1.0, -r], -math.inf, 0.0,
-                         ("anti-affinity", wl.id))
-    for w in range(len(cs.workloads)):
-        for v in confl[w]:
-            if v <= w:
-                continue
-            for (ww, kind, key), col in list(y_col.items()):
-                if ww == w and kind == "cluster" and (v, "cluster", key) in y_col:
-                    rows.add([col, y_col[(v, "cluster", key)]], [1.0, 1.0], -math.inf, 1.0,
-                             ("anti-affinity", f"{cs.workloads[w].id}|{cs.workloads[v].id}"))
-    return sorted(y_col, key=lambda k: y_col[k])
 
 
 def quiet_highs() -> Any:
