@@ -21,18 +21,16 @@ Contract:
 
 The client is synchronous: every call runs in ``asyncio.to_thread`` under a per-cluster
 semaphore, with a request timeout, and ``ApiException``/urllib3 errors are mapped once
-(``_map_error``) into providers/errors.py.
+(``_map_error``) into providers/errors.py. The manifests, and the mapping of objects back to
+statuses and inventory, are pure functions in ``providers/kubernetes_objects.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
-import re
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,10 +38,7 @@ from providers.base import (
     ApplySpec,
     Capability,
     DriverStatus,
-    Interconnect,
     NodeInventory,
-    NodeTopology,
-    WorkloadPhase,
 )
 from providers.errors import (
     AuthError,
@@ -54,15 +49,20 @@ from providers.errors import (
     ThrottledError,
     TransientError,
 )
+from providers.kubernetes_objects import (
+    HASH_ANNOTATION,
+    MANAGED_LABEL,
+    deployment_status,
+    dns_name,
+    job_status,
+    node_inventory,
+    quantity,
+    render,
+    requested_by_node,
+    status_of,
+)
 
 T = TypeVar("T")
-
-POOL_LABEL = "skyfed.io/pool"
-ID_LABEL = "skyfed.io/workload-id"
-MANAGED_LABEL = "app.kubernetes.io/managed-by"
-HASH_ANNOTATION = "skyfed.io/spec-hash"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,125 +105,6 @@ def _map_error(exc: BaseException, *, cluster: str) -> ProviderError:
     if code is None and ("urllib3" in type(exc).__module__ or isinstance(exc, OSError)):
         return TransientError(f"cluster unreachable: {type(exc).__name__}: {exc}", **kw)
     return ProviderError(text, **kw)
-
-
-def _dns_name(workload_id: str) -> str:
-    name = re.sub(r"[^a-z0-9-]", "-", f"skyfed-{workload_id}".lower()).strip("-")
-    if len(name) > 63:  # keep it unique when truncated
-        digest = hashlib.sha256(workload_id.encode()).hexdigest()[:8]
-        name = f"{name[:54].rstrip('-')}-{digest}"
-    return name
-
-
-def _label_value(v: str) -> str:
-    v = re.sub(r"[^A-Za-z0-9_.-]", "-", v)[:63]
-    return v.strip("-_.")
-
-
-def _quantity(q: str | int | float | None) -> float:
-    """Kubernetes quantity -> float (cpu in cores, memory in bytes)."""
-    if q is None:
-        return 0.0
-    s = str(q).strip()
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-             "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if s.endswith(suffix):
-            return float(s[: -len(suffix)]) * mult
-    return float(s)
-
-
-def render(spec: ApplySpec, *, namespace: str, backoff_limit: int = 3) -> dict[str, Any]:
-    """The Deployment or Job body for `spec` (plain dict, annotated with its own hash)."""
-    name = _dns_name(spec.workload_id)
-    labels = {
-        **{k: _label_value(v) for k, v in spec.labels.items()},
-        ID_LABEL: _label_value(spec.workload_id),
-        "skyfed.io/tenant": _label_value(spec.tenant),
-        "skyfed.io/kind": spec.kind,
-        MANAGED_LABEL: "skyfed",
-    }
-    res: dict[str, str] = {"cpu": f"{round(spec.cpu * 1000)}m",
-                           "memory": f"{round(spec.memory_gib * 1024)}Mi"}
-    if spec.gpu:
-        res[GPU_RESOURCE] = str(spec.gpu)
-    selector = dict(spec.node_selector)
-    if spec.pool:
-        selector[POOL_LABEL] = spec.pool
-    tolerations = [dict(t) for t in spec.tolerations]
-    if spec.gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
-        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
-    container: dict[str, Any] = {
-        "name": "main", "image": spec.image,
-        "resources": {"requests": res, "limits": dict(res)},
-        "env": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
-    }
-    if spec.command:
-        container["command"] = list(spec.command)
-    pod_spec: dict[str, Any] = {"containers": [container], "nodeSelector": selector,
-                                "tolerations": tolerations}
-    template = {"metadata": {"labels": labels}, "spec": pod_spec}
-    if spec.kind == "service":
-        body: dict[str, Any] = {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "spec": {"replicas": spec.replicas, "selector": {"matchLabels": {ID_LABEL:
-                                                                             labels[ID_LABEL]}},
-                     "template": template},
-        }
-    else:
-        pod_spec["restartPolicy"] = "Never"
-        body = {
-            "apiVersion": "batch/v1", "kind": "Job",
-            "spec": {"parallelism": spec.replicas, "completions": spec.replicas,
-                     "backoffLimit": backoff_limit, "template": template},
-        }
-    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-    body["metadata"] = {"name": name, "namespace": namespace, "labels": labels,
-                        "annotations": {HASH_ANNOTATION: digest}}
-    return body
-
-
-def _deployment_status(wid: str, obj: Mapping[str, Any]) -> DriverStatus:
-    desired = int((obj.get("spec") or {}).get("replicas") or 0)
-    st = obj.get("status") or {}
-    ready = int(st.get("readyReplicas") or 0)
-    conds = {c.get("type"): c for c in st.get("conditions") or []}
-    failure = conds.get("ReplicaFailure")
-    if failure and failure.get("status") == "True":
-        return DriverStatus(workload_id=wid, phase=WorkloadPhase.FAILED, ready_replicas=ready,
-                            desired_replicas=desired, message=str(failure.get("message", "")))
-    phase = WorkloadPhase.RUNNING if desired and ready >= desired else WorkloadPhase.PENDING
-    return DriverStatus(workload_id=wid, phase=phase, ready_replicas=ready,
-                        desired_replicas=desired)
-
-
-def _job_status(wid: str, obj: Mapping[str, Any]) -> DriverStatus:
-    spec = obj.get("spec") or {}
-    desired = int(spec.get("completions") or spec.get("parallelism") or 1)
-    st = obj.get("status") or {}
-    conds = {c.get("type"): c for c in st.get("conditions") or [] if c.get("status") == "True"}
-    active, succeeded = int(st.get("active") or 0), int(st.get("succeeded") or 0)
-    if "Failed" in conds:
-        phase, msg = WorkloadPhase.FAILED, str(conds["Failed"].get("message", ""))
-    elif "Complete" in conds or succeeded >= desired:
-        phase, msg = WorkloadPhase.SUCCEEDED, ""
-    elif active:
-        phase, msg = WorkloadPhase.RUNNING, ""
-    else:
-        phase, msg = WorkloadPhase.PENDING, ""
-    return DriverStatus(workload_id=wid, phase=phase, ready_replicas=active,
-                        desired_replicas=desired, message=msg)
-
-
-def _status_of(obj: Mapping[str, Any]) -> DriverStatus | None:
-    meta = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if labels.get(MANAGED_LABEL) != "skyfed" or ID_LABEL not in labels:
-        return None
-    wid = str(labels[ID_LABEL])
-    if obj.get("kind") == "Job" or "completions" in (obj.get("spec") or {}):
-        return _job_status(wid, obj)
-    return _deployment_status(wid, obj)
 
 
 def load_api_client(options: KubernetesOptions) -> Any:
@@ -328,15 +209,15 @@ class KubernetesDriver:
 
     async def delete(self, *, workload_id: str) -> None:
         """Delete the workload's Deployment or Job; deleting what is gone is success."""
-        name, ns = _dns_name(workload_id), self.options.namespace
+        name, ns = dns_name(workload_id), self.options.namespace
         await self._delete_one(self._apps.delete_namespaced_deployment, name, ns)
         await self._delete_one(self._batch.delete_namespaced_job, name, ns)
 
     # ---- status ------------------------------------------------------------------------
     async def status(self, *, workload_id: str) -> DriverStatus:
-        name, ns = _dns_name(workload_id), self.options.namespace
-        for read, conv in ((self._apps.read_namespaced_deployment, _deployment_status),
-                           (self._batch.read_namespaced_job, _job_status)):
+        name, ns = dns_name(workload_id), self.options.namespace
+        for read, conv in ((self._apps.read_namespaced_deployment, deployment_status),
+                           (self._batch.read_namespaced_job, job_status)):
             try:
                 obj = self._sanitize(await self._call(read, name, ns))
             except NotFoundError:
@@ -352,7 +233,7 @@ class KubernetesDriver:
         out = []
         for kind, lst in (("Deployment", deps), ("Job", jobs)):
             for item in self._sanitize(lst).get("items") or []:
-                st = _status_of({**item, "kind": kind})  # selector may be ignored: re-check
+                st = status_of({**item, "kind": kind})  # selector may be ignored: re-check
                 if st is not None:
                     out.append(st)
         return sorted(out, key=lambda s: s.workload_id)
@@ -406,7 +287,7 @@ class KubernetesDriver:
                         ns, _request_timeout=self.options.timeout_s)
                     version = lst.metadata.resource_version or ""
                     for item in self._sanitize(lst).get("items") or []:
-                        st = _status_of({**item, "kind": "Deployment"})
+                        st = status_of({**item, "kind": "Deployment"})
                         if st is not None:
                             emit(st)
                 w = watch.Watch()
@@ -418,7 +299,7 @@ class KubernetesDriver:
                         break
                     obj = self._sanitize(ev["object"])
                     version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                    st = _status_of({**obj, "kind": "Deployment"})
+                    st = status_of({**obj, "kind": "Deployment"})
                     if st is not None:
                         emit(st)
                 failures = 0
@@ -446,43 +327,10 @@ class KubernetesDriver:
                 field_selector="status.phase=Running")).get("items") or []
         except NotFoundError:
             pods = []
-        used: dict[str, list[float]] = {}
-        for pod in pods:
-            node = (pod.get("spec") or {}).get("nodeName")
-            if not node or (pod.get("status") or {}).get("phase", "Running") != "Running":
-                continue
-            acc = used.setdefault(node, [0.0, 0.0, 0.0])
-            for c in (pod.get("spec") or {}).get("containers") or []:
-                req = ((c.get("resources") or {}).get("requests")) or {}
-                acc[0] += _quantity(req.get("cpu"))
-                acc[1] += _quantity(req.get("memory")) / 2**30
-                acc[2] += _quantity(req.get(GPU_RESOURCE))
-        return [self._node(n, used.get((n.get("metadata") or {}).get("name", ""), [0, 0, 0]))
+        used = requested_by_node(pods)
+        return [node_inventory(n, used.get((n.get("metadata") or {}).get("name", ""),
+                                           (0.0, 0.0, 0.0)))
                 for n in nodes]
-
-    def _node(self, n: Mapping[str, Any], used: list[float]) -> NodeInventory:
-        meta, st = n.get("metadata") or {}, n.get("status") or {}
-        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        alloc = st.get("allocatable") or st.get("capacity") or {}
-        gpus = int(_quantity(alloc.get(GPU_RESOURCE)))
-        conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
-        taints = tuple(
-            f"{t.get('key')}={t.get('value', '')}:{t.get('effect', '')}"
-            for t in (n.get("spec") or {}).get("taints") or []
-        )
-        ic = Interconnect(labels.get("skyfed.io/gpu-interconnect",
-                                     "pcie" if gpus else "none"))
-        return NodeInventory(
-            name=str(meta.get("name", "")), pool=labels.get(POOL_LABEL, ""),
-            allocatable_cpu=_quantity(alloc.get("cpu")),
-            allocatable_memory_gib=round(_quantity(alloc.get("memory")) / 2**30, 3),
-            allocatable_gpu=gpus, used_cpu=round(used[0], 3),
-            used_memory_gib=round(used[1], 3), used_gpu=int(used[2]), labels=labels,
-            taints=taints,
-            topology=NodeTopology(gpu_count=gpus, gpu_model=labels.get(GPU_PRODUCT_LABEL),
-                                  interconnect=ic),
-            ready=conds.get("Ready", "True") == "True",
-        )
 
     # ---- metrics.k8s.io (telemetry) ----------------------------------------------------
     async def node_usage(self) -> dict[str, tuple[float, float]]:
@@ -496,7 +344,7 @@ class KubernetesDriver:
         for item in (body or {}).get("items") or []:
             usage = item.get("usage") or {}
             out[str(item["metadata"]["name"])] = (
-                _quantity(usage.get("cpu")), round(_quantity(usage.get("memory")) / 2**30, 3))
+                quantity(usage.get("cpu")), round(quantity(usage.get("memory")) / 2**30, 3))
         return out
 
     async def pod_usage(self) -> dict[str, tuple[float, float]]:
@@ -510,8 +358,8 @@ class KubernetesDriver:
         for item in (body or {}).get("items") or []:
             cpu = mem = 0.0
             for c in item.get("containers") or []:
-                cpu += _quantity((c.get("usage") or {}).get("cpu"))
-                mem += _quantity((c.get("usage") or {}).get("memory")) / 2**30
+                cpu += quantity((c.get("usage") or {}).get("cpu"))
+                mem += quantity((c.get("usage") or {}).get("memory")) / 2**30
             meta = item.get("metadata") or {}
             out[f"{meta.get('namespace', '')}/{meta.get('name', '')}"] = (cpu, round(mem, 3))
         return out
