@@ -19,7 +19,8 @@ import pytest
 
 from broker.clock import ManualClock, SystemClock
 from broker.domain import Cluster, Pool, Resources
-from broker.federation.drivers import DriverRefreshLoop, DriverRegistry, DriverTarget
+from broker.federation.driver_targets import DriverTarget
+from broker.federation.drivers import DriverRefreshLoop, DriverRegistry
 from broker.store import Store, migrate
 from providers.base import ApplySpec, ClusterDriver, WorkloadPhase
 from providers.kubernetes import KubernetesDriver

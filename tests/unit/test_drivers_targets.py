@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from broker.domain import Cluster, Pool, PricingModel, Resources
-from broker.federation.drivers import (
+from broker.federation.driver_targets import (
     DriverConfigError,
     DriverTarget,
-    EdgeDriverFactory,
     driver_kind,
     target_for,
 )
+from broker.federation.drivers import EdgeDriverFactory
 from broker.store import ClusterRecord
 from providers.base import ApplySpec, Interconnect, WorkloadPhase
 from providers.errors import TransientError
