@@ -2,7 +2,8 @@
 
 `HubCore` does no I/O and reads no clock: inputs are decoded protocol messages
 plus "now" in ms; outputs are `Send` (a command to an agent), `PublishRoute`
-(retained) and `Record` (an event to persist). `broker/federation/edge_hub.py`
+(retained) and `Record` (an event to persist); these and the state it keeps are
+the dataclasses of edge_state.py. `broker/federation/edge_hub.py`
 is the shell that feeds it from MQTT and carries its actions out; unit tests
 drive it directly with a fake clock.
 
@@ -27,22 +28,29 @@ Timings recorded per failover: `detect_ms` (last heard -> declared down) and
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 from broker.domain import Resources, Site, SiteHealth
-from broker.placement.standby import EdgeServiceNeed, plan_standbys, rank_sites, should_rebalance
+from broker.federation.edge_commands import CommandBook
+from broker.federation.edge_state import (
+    Action,
+    EdgeService,
+    FailoverRecord,
+    PendingCommand,
+    PublishRoute,
+    Record,
+    Send,
+    ServiceState,
+    SiteState,
+)
+from broker.placement.standby import plan_standbys, rank_sites, should_rebalance
 from broker.settings import EdgeSettings
 from edge_agent.protocol import (
     Ack,
-    Command,
-    DataItem,
     Heartbeat,
     Route,
-    ServiceSpec,
     Status,
     Telemetry,
     Topics,
@@ -59,92 +67,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class EdgeService:
-    """A latency-critical service the hub keeps served with a warm standby."""
-
-    need: EdgeServiceNeed
-    spec: ServiceSpec
-    data: tuple[DataItem, ...] = ()
-    images: tuple[str, ...] = ()
-    # Where the placement LP put it (the dispatcher already started it there): serve
-    # there first when it is feasible, rather than re-deciding.
-    prefer_site: str = ""
-
-
-@dataclass(frozen=True)
-class Send:
-    site: str
-    command: Command
-
-
-@dataclass(frozen=True)
-class PublishRoute:
-    route: Route
-
-
-@dataclass(frozen=True)
-class Record:
-    kind: str
-    data: dict[str, Any]
-
-
-Action = Send | PublishRoute | Record
-
-
-@dataclass
-class _SiteState:
-    site: Site | None
-    health: SiteHealth = SiteHealth.HEALTHY
-    last_seen_ms: float = 0.0
-    session: int = -1
-    rtt_ms: dict[str, float] = field(default_factory=dict)
-    load_cpu_frac: float = 0.0
-    services: dict[str, str] | None = None  # from the latest heartbeat
-    last_beat_ms: float = 0.0
-    rejoin_from_ms: float = 0.0  # first heartbeat of a down site's current run
-
-
-@dataclass
-class _SvcState:
-    svc: EdgeService
-    primary: str = ""
-    standby: str = ""
-    standby_ready: bool = False
-    epoch: int = 0
-    routed: str = ""
-    told: set[str] = field(default_factory=set)  # sites that were given this service
-    moving_to: str = ""  # rebalance target being warmed
-
-
-@dataclass
-class _Pending:
-    command: Command
-    service: str
-    purpose: str  # serve | standby | prewarm
-    sent_ms: float
-    detected_ms: float | None = None
-    last_seen_ms: float | None = None
-    cause: str = ""
-    batch: tuple[str, ...] = ()  # services of a batched promote (else just `service`)
-    attempts: int = 0
-    created_ms: float = 0.0  # when the hub decided (sent_ms moves with each publish)
-
-
-@dataclass(frozen=True)
-class FailoverRecord:
-    service: str
-    from_site: str
-    to_site: str
-    cause: str  # will | heartbeat | rebalance
-    detected_ms: float
-    detect_ms: float
-    serving_ms: float
-    epoch: int
-    agent_ack_ms: float | None = None  # hub decided -> agent says it serves (agent clock)
-    ack_transit_ms: float | None = None  # agent sent the ack -> hub got it (agent clock)
-
-
 class HubCore:
     """Pure state machine; see the module docstring."""
 
@@ -152,13 +74,13 @@ class HubCore:
                  rebalance_every_ms: float = 10_000.0, rebalance_batch: int = 25,
                  history: int = 10_000) -> None:
         self.settings = settings
-        self.sites: dict[str, _SiteState] = {}
-        self.services: dict[str, _SvcState] = {}
-        self.pending: dict[str, _Pending] = {}
+        self.sites: dict[str, SiteState] = {}
+        self.services: dict[str, ServiceState] = {}
+        self.commands = CommandBook(timeout_ms=command_timeout_ms)
+        self.pending = self.commands.pending  # command id -> what its ack will settle
         self.failovers: deque[FailoverRecord] = deque(maxlen=history)
         self._seen_events: deque[str] = deque(maxlen=history)
         self._seen_set: set[str] = set()
-        self._command_timeout_ms = command_timeout_ms
         self._rebalance_every_ms = rebalance_every_ms
         self._last_rebalance_ms = 0.0
         # Services to re-evaluate, a few per tick: a full pass over 500 services x 50
@@ -181,13 +103,13 @@ class HubCore:
     def add_site(self, site: Site, now_ms: float) -> None:
         st = self.sites.get(site.name)
         if st is None:
-            self.sites[site.name] = _SiteState(site=site, health=SiteHealth.DOWN)
+            self.sites[site.name] = SiteState(site=site, health=SiteHealth.DOWN)
         else:
             st.site = site
 
     def add_service(self, svc: EdgeService, now_ms: float) -> list[Action]:
         Topics.check_name(svc.spec.name)
-        state = self.services.setdefault(svc.spec.name, _SvcState(svc=svc))
+        state = self.services.setdefault(svc.spec.name, ServiceState(svc=svc))
         state.svc = svc
         state.epoch = max(state.epoch, self._route_epochs.get(svc.spec.name, 0))
         if state.primary:
@@ -207,7 +129,7 @@ class HubCore:
 
     # inputs
     def on_status(self, site: str, status: Status, now_ms: float) -> list[Action]:
-        st = self.sites.setdefault(site, _SiteState(site=None, health=SiteHealth.DOWN))
+        st = self.sites.setdefault(site, SiteState(site=None, health=SiteHealth.DOWN))
         if status.state == "offline":
             if st.health is SiteHealth.DOWN:
                 return []
@@ -221,9 +143,7 @@ class HubCore:
 
     def mark_sent(self, command_id: str, now_ms: float) -> None:
         """The shell published the command: its ack timeout starts now, not at queueing."""
-        p = self.pending.get(command_id)
-        if p is not None:
-            p.sent_ms = now_ms
+        self.commands.mark_sent(command_id, now_ms)
 
     def on_route(self, route: Route) -> None:
         """Retained routes seen at (re)start: never issue an epoch below a published one."""
@@ -236,7 +156,7 @@ class HubCore:
             state.epoch = max(state.epoch, route.epoch)
 
     def on_heartbeat(self, site: str, hb: Heartbeat, now_ms: float) -> list[Action]:
-        st = self.sites.setdefault(site, _SiteState(site=None, health=SiteHealth.DOWN))
+        st = self.sites.setdefault(site, SiteState(site=None, health=SiteHealth.DOWN))
         st.last_seen_ms = now_ms
         st.rtt_ms = dict(hb.peer_rtt_ms)
         st.load_cpu_frac = hb.cpu_frac
@@ -269,7 +189,7 @@ class HubCore:
                                       "ts_ms": t.ts_ms, "replayed": t.replayed, **t.data})]
 
     def on_ack(self, ack: Ack, now_ms: float) -> list[Action]:
-        p = self.pending.pop(ack.command_id, None)
+        p = self.commands.take(ack.command_id)
         if p is None:
             return []
         out: list[Action] = []
@@ -280,7 +200,7 @@ class HubCore:
                 out += self._ack_one(state, p, ack, name not in failed, now_ms)
         return out
 
-    def _ack_one(self, state: _SvcState, p: _Pending, ack: Ack, ok: bool,
+    def _ack_one(self, state: ServiceState, p: PendingCommand, ack: Ack, ok: bool,
                  now_ms: float) -> list[Action]:
         epoch = p.command.services.get(state.svc.spec.name, p.command.epoch)
         if not ok:
@@ -292,7 +212,7 @@ class HubCore:
                 state.epoch = ack.epoch
                 role_site = state.primary if p.purpose == "serve" else state.standby
                 if role_site == ack.site:
-                    out.append(self._start(state, ack.site, standby=p.purpose == "standby",
+                    out.append(self.commands.start(state, ack.site, standby=p.purpose == "standby",
                                            now_ms=now_ms))
                 return out
             if p.purpose == "serve" and state.primary == ack.site and epoch == state.epoch:
@@ -336,16 +256,8 @@ class HubCore:
                 st.health = SiteHealth.SUSPECT
                 out.append(Record("edge_site_health", {"site": name, "health": "suspect",
                                                        "silent_ms": round(age, 1)}))
-        for cid, p in list(self.pending.items()):
-            # back off: a loaded agent or broker must not be buried under re-sends
-            timeout_ms = min(30_000.0, self._command_timeout_ms * 2 ** p.attempts)
-            if now_ms - p.sent_ms > timeout_ms:
-                if self.health(p.command.site) is SiteHealth.DOWN:
-                    del self.pending[cid]
-                    continue
-                p.sent_ms = now_ms
-                p.attempts += 1
-                out.append(Send(p.command.site, p.command))  # same id: agents de-duplicate
+        out += self.commands.resends(now_ms,
+                                     lambda site: self.health(site) is SiteHealth.DOWN)
         if now_ms - self._last_rebalance_ms >= self._rebalance_every_ms:
             self._last_rebalance_ms = now_ms
             self._enqueue_rebalance(self.services)
@@ -364,7 +276,7 @@ class HubCore:
                 self._rebalance_queue.append(name)
 
     # transitions
-    def _down(self, name: str, st: _SiteState, now_ms: float, *, cause: str) -> list[Action]:
+    def _down(self, name: str, st: SiteState, now_ms: float, *, cause: str) -> list[Action]:
         st.health = SiteHealth.DOWN
         out: list[Action] = [Record("edge_site_health", {
             "site": name, "health": "down", "cause": cause,
@@ -373,48 +285,25 @@ class HubCore:
         for state in self.services.values():
             if state.primary == name:
                 moves += self._failover(state, now_ms, cause=cause, last_seen_ms=st.last_seen_ms)
-        out += self._batch_promotes(moves)
+        out += self.commands.batch_promotes(moves)
         for state in self.services.values():
             if state.standby == name:
                 state.standby, state.standby_ready = "", False
         self._standbys_due = True  # next tick: the promotions go out first
         return out
 
-    def _batch_promotes(self, actions: list[Action]) -> list[Action]:
-        """One promote command per target site (promotes first, in site order)."""
-        groups: dict[str, list[Send]] = {}
-        rest: list[Action] = []
-        for a in actions:
-            if isinstance(a, Send) and a.command.kind == "promote":
-                groups.setdefault(a.site, []).append(a)
-            else:
-                rest.append(a)
-        out: list[Action] = []
-        for site, sends in groups.items():
-            if len(sends) == 1:
-                out.append(sends[0])
-                continue
-            parts = [self.pending.pop(x.command.command_id) for x in sends]
-            cmd = sends[0].command.model_copy(update={
-                "command_id": uuid.uuid4().hex, "service_name": "",
-                "services": {p.service: p.command.epoch for p in parts}})
-            self.pending[cmd.command_id] = replace(parts[0], command=cmd,
-                                                   batch=tuple(p.service for p in parts))
-            out.append(Send(site, cmd))
-        return out + rest
-
-    def _up(self, name: str, st: _SiteState, now_ms: float) -> list[Action]:
+    def _up(self, name: str, st: SiteState, now_ms: float) -> list[Action]:
         st.health = SiteHealth.HEALTHY
         st.rejoin_from_ms = 0.0
         out: list[Action] = [Record("edge_site_health", {"site": name, "health": "healthy"})]
         for state in self.services.values():  # tell it its roles again (fences stale serving)
             if state.primary == name:
-                out.append(self._start(state, name, standby=False, now_ms=now_ms))
+                out.append(self.commands.start(state, name, standby=False, now_ms=now_ms))
             elif state.standby == name:
-                out.append(self._start(state, name, standby=True, now_ms=now_ms))
+                out.append(self.commands.start(state, name, standby=True, now_ms=now_ms))
             elif name in state.told:
                 state.told.discard(name)
-                out.append(self._cmd(state, name, "stop", now_ms, purpose=""))
+                out.append(self.commands.command(state, name, "stop", now_ms, purpose=""))
         out += self._place_standbys(now_ms)
         out += self._serve_unserved(now_ms)
         self._enqueue_rebalance(self.services)  # a returned site may serve some better
@@ -429,7 +318,7 @@ class HubCore:
                 out += self._serve_somewhere(state, now_ms, exclude=set(), cause="retry")
         return out
 
-    def _failover(self, state: _SvcState, now_ms: float, *, cause: str,
+    def _failover(self, state: ServiceState, now_ms: float, *, cause: str,
                   last_seen_ms: float) -> list[Action]:
         old = state.primary
         state.epoch += 1
@@ -437,7 +326,7 @@ class HubCore:
                                    and self.health(state.standby) is SiteHealth.HEALTHY) else ""
         if target:
             state.primary, state.standby, state.standby_ready = target, "", False
-            send = self._cmd(state, target, "promote", now_ms, purpose="serve")
+            send = self.commands.command(state, target, "promote", now_ms, purpose="serve")
             p = self.pending[send.command.command_id]
             p.detected_ms, p.last_seen_ms, p.cause = now_ms, last_seen_ms, cause
             return [send]
@@ -449,7 +338,7 @@ class HubCore:
                                                         "from_site": old}))
         return out
 
-    def _serve_somewhere(self, state: _SvcState, now_ms: float, *, exclude: set[str],
+    def _serve_somewhere(self, state: ServiceState, now_ms: float, *, exclude: set[str],
                          cause: str, detected_ms: float | None = None,
                          last_seen_ms: float | None = None) -> list[Action]:
         ranked = rank_sites(state.svc.need, self.site_values(),
@@ -462,12 +351,12 @@ class HubCore:
         state.primary = next((c.site for c in ranked if c.site == keep), ranked[0].site)
         if state.standby == state.primary:
             state.standby, state.standby_ready = "", False
-        send = self._start(state, state.primary, standby=False, now_ms=now_ms)
+        send = self.commands.start(state, state.primary, standby=False, now_ms=now_ms)
         p = self.pending[send.command.command_id]
         p.detected_ms, p.last_seen_ms, p.cause = detected_ms, last_seen_ms, cause
         return [send]
 
-    def _serving(self, state: _SvcState, p: _Pending, now_ms: float,
+    def _serving(self, state: ServiceState, p: PendingCommand, now_ms: float,
                  agent_done_ms: float | None = None,
                  ack_sent_ms: float | None = None) -> list[Action]:
         name = state.svc.spec.name
@@ -491,7 +380,7 @@ class HubCore:
         if old and old != state.primary and self.health(old) is not SiteHealth.DOWN:
             # planned move (rebalance): the old primary becomes the warm standby
             state.standby, state.standby_ready = old, False
-            out.append(self._start(state, old, standby=True, now_ms=now_ms))
+            out.append(self.commands.start(state, old, standby=True, now_ms=now_ms))
         self._standbys_due = True  # next tick, for all the routes of a burst at once
         return out
 
@@ -508,9 +397,10 @@ class HubCore:
             if choice is None:
                 continue
             state.standby, state.standby_ready = choice.site, False
-            out.append(self._start(state, choice.site, standby=True, now_ms=now_ms))
+            out.append(self.commands.start(state, choice.site, standby=True, now_ms=now_ms))
             if state.svc.data or state.svc.images:
-                out.append(self._cmd(state, choice.site, "prewarm", now_ms, purpose="prewarm"))
+                out.append(self.commands.command(state, choice.site, "prewarm", now_ms,
+                                                 purpose="prewarm"))
         return out
 
     def _rebalance(self, now_ms: float) -> list[Action]:
@@ -541,14 +431,15 @@ class HubCore:
             if best.site != state.standby:  # warm it first; promote once it is ready
                 if state.standby:
                     state.told.discard(state.standby)
-                    out.append(self._cmd(state, state.standby, "stop", now_ms, purpose=""))
+                    out.append(self.commands.command(state, state.standby, "stop", now_ms,
+                                                     purpose=""))
                 state.standby, state.standby_ready, state.moving_to = best.site, False, best.site
-                out.append(self._start(state, best.site, standby=True, now_ms=now_ms))
+                out.append(self.commands.start(state, best.site, standby=True, now_ms=now_ms))
                 continue
             state.epoch += 1
             state.primary, state.standby, state.standby_ready = best.site, "", False
             state.moving_to = ""
-            out.append(self._cmd(state, best.site, "promote", now_ms, purpose="serve"))
+            out.append(self.commands.command(state, best.site, "promote", now_ms, purpose="serve"))
             out.append(Record("edge_rebalance", {"service": name, "to_site": best.site}))
         return out
 
@@ -560,22 +451,3 @@ class HubCore:
                 if site in free:
                     free[site] = free[site] - state.svc.need.resources
         return free
-
-    def _start(self, state: _SvcState, site: str, *, standby: bool, now_ms: float) -> Send:
-        state.told.add(site)
-        return self._cmd(state, site, "start", now_ms, purpose="standby" if standby else "serve",
-                         standby=standby)
-
-    def _cmd(self, state: _SvcState, site: str, kind: str, now_ms: float, *, purpose: str,
-             standby: bool = False) -> Send:
-        svc = state.svc
-        cmd = Command.model_validate({
-            "command_id": uuid.uuid4().hex, "site": site, "kind": kind, "ts_ms": now_ms,
-            "service": svc.spec if kind == "start" else None, "service_name": svc.spec.name,
-            "standby": standby, "epoch": state.epoch,
-            "data": svc.data if kind == "prewarm" else (),
-            "images": svc.images if kind == "prewarm" else ()})
-        if purpose:
-            self.pending[cmd.command_id] = _Pending(cmd, svc.spec.name, purpose, now_ms,
-                                                    created_ms=now_ms)
-        return Send(site, cmd)
