@@ -92,7 +92,7 @@ def build_loops(rt: Runtime) -> list[Loop]:
 
 def create_app(rt: Runtime) -> FastAPI:
     """The FastAPI app over `rt` (which the caller owns and closes)."""
-    from broker.api import explain, health, problems, routes, ui
+    from broker.api import explain, health, openapi, problems, routes, ui
     from broker.api.deps import TokenCache
     from broker.api.middleware import ApiMetrics, EdgeMiddleware
     from broker.api.views import JsonResponse
@@ -112,6 +112,7 @@ def create_app(rt: Runtime) -> FastAPI:
                        metrics=metrics,
                        fast_routes={("POST", "/v1/workloads"): routes.submit_workload})
     _add_schema_components(app)
+    openapi.install(app)
     return app
 
 

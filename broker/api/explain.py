@@ -26,8 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from broker.api.deps import Auth, RuntimeDep, scope_of
+from broker.api.openapi import answers
+from broker.api.routes import PlacementId
 from broker.api.views import JsonResponse
 from broker.errors import NotFoundError, SpecError
+from broker.limits import TEXT_PATTERN
 from broker.store import UnitOfWork
 
 if TYPE_CHECKING:
@@ -39,14 +42,14 @@ router = APIRouter(prefix="/v1")
 class WhatIfIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    cluster: str = Field(min_length=1, max_length=200,
+    cluster: str = Field(min_length=1, max_length=200, pattern=TEXT_PATTERN,
                          description="Cluster to force the workload onto.")
 
 
-@router.get("/placements/{placement_id}/explain",
+@router.get("/placements/{placement_id}/explain", responses=answers(200, 401, 404, 422, 503),
             summary="Why this placement: cost breakdown, runner-up, binding constraints")
 async def explain_placement(
-        rt: RuntimeDep, principal: Auth, placement_id: str,
+        rt: RuntimeDep, principal: Auth, placement_id: PlacementId,
         policy: Annotated[bool, Query(
             description="Add SHAP attributions of the RL policy's outputs.")] = False,
 ) -> Response:
@@ -112,8 +115,9 @@ def _policy_explanation(record: object, clusters: list[str], policy: PolicyRunti
 
 
 @router.post("/placements/{placement_id}/whatif",
+             responses=answers(200, 401, 404, 413, 422, 503),
              summary="Re-solve with the workload forced onto a cluster; show the difference")
-async def whatif_placement(rt: RuntimeDep, principal: Auth, placement_id: str,
+async def whatif_placement(rt: RuntimeDep, principal: Auth, placement_id: PlacementId,
                            body: WhatIfIn) -> Response:
     from broker.federation.placement_loop import whatif_for_placement
     from broker.placement.planner import PlannerError

@@ -3,6 +3,10 @@
 Body: `{"type", "title", "status", "detail", "instance", "errors": [{"loc", "msg"}]}`.
 `errors[].loc` names the offending field as a path (`["body", "spec", "replicas"]`,
 `["header", "Idempotency-Key"]`, `["query", "limit"]`), so a client can point at it.
+
+A 503 (the store failed or is unreachable) carries `Retry-After`: the request
+changed nothing and may be retried as is. Bad input is never a 503: a value the
+database refuses (a NUL character) is a 422 (`broker/store/engine.py` maps it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from broker.errors import BrokerError, SpecError
 
 log = logging.getLogger("skyfed.api")
 PROBLEM = "application/problem+json"
+RETRY_AFTER_S = 1
+
+
+def retry_after() -> dict[str, str]:
+    """The header every 503 carries: the broker's store usually recovers in 0.1-0.2 s."""
+    return {"Retry-After": str(RETRY_AFTER_S)}
 
 
 class BodyTooLargeError(Exception):
@@ -62,7 +72,8 @@ def error_response(request: Request, exc: Exception) -> Response:
             errors = [{"loc": list(exc.loc), "msg": exc.message}]
         if exc.status >= 500:
             log.error("%s %s: %s", request.method, path, exc.message)
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else (
+            retry_after() if exc.status == 503 else None)
         return problem(exc.status, exc.title, exc.message, instance=path, errors=errors,
                        headers=headers)
     if isinstance(exc, RequestValidationError):
@@ -73,6 +84,9 @@ def error_response(request: Request, exc: Exception) -> Response:
         return problem(413, "Request body too large", str(exc), instance=path,
                        errors=[{"loc": ["body"], "msg": str(exc)}])
     if isinstance(exc, StarletteHTTPException):
+        if exc.status_code == 400:  # FastAPI: a body it cannot decode (not UTF-8, not JSON)
+            return problem(422, "Invalid request", f"body: {exc.detail}", instance=path,
+                           errors=[{"loc": ["body"], "msg": str(exc.detail)}])
         return problem(exc.status_code, str(exc.detail), str(exc.detail), instance=path,
                        headers=exc.headers)
     log.error("unhandled error on %s %s", request.method, path, exc_info=exc)

@@ -12,16 +12,18 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
 from broker.api.deps import Admin, Auth, RuntimeDep, current_principal, get_runtime, scope_of
+from broker.api.openapi import PAGE_SCHEMA, answers
 from broker.api.problems import BodyTooLargeError
 from broker.api.schemas import ClusterIn, SiteIn, TokenIn, WorkloadIn
 from broker.api.views import (
     JsonResponse,
     cluster_view,
+    event_view,
     placement_view,
     site_view,
     workload_view,
@@ -29,6 +31,7 @@ from broker.api.views import (
 from broker.domain import Offer, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, SpecError
 from broker.federation.runtime import Runtime
+from broker.limits import TEXT_PATTERN, is_text
 from broker.store.mapping import spec_sha256, spec_to_json
 from providers.errors import NotFoundError as ProviderNotFoundError
 
@@ -47,6 +50,11 @@ _YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 router = APIRouter(prefix="/v1")
 Limit = Annotated[int, Query(ge=1, le=1000)]
+# Ids are ours (`w-<hex>`, `p-<hex>`); anything else cannot name a row.
+ID_PATTERN = r"^[A-Za-z0-9._-]+$"
+WorkloadId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
+PlacementId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
+Cursor = Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_=-]*$")]
 _BODY = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/WorkloadIn"}},
                      "application/yaml": {"schema": {"$ref": "#/components/schemas/WorkloadIn"}}},
          "required": True}
@@ -72,20 +80,23 @@ async def parse_body(request: Request) -> Any:
 
 
 _IDEM_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
-               "schema": {"type": "string", "maxLength": 200},
+               "schema": {"type": "string", "minLength": 1, "maxLength": 200,
+                          "pattern": TEXT_PATTERN},
                "description": "Retrying with the same key returns the same workload."}
 
 
 @router.post("/workloads", status_code=201,
              openapi_extra={"requestBody": _BODY, "parameters": [_IDEM_PARAM]},
+             responses=answers(201, 200, 401, 409, 413, 422, 503),
              summary="Submit a workload (idempotent with Idempotency-Key)")
 async def submit_workload(request: Request) -> Response:
     # The hot path: auth and the header are read inline, not through FastAPI's
     # dependency solver (measurably cheaper per request).
     principal = await current_principal(request)
     idempotency_key = request.headers.get("idempotency-key")
-    if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
-        raise SpecError("Idempotency-Key must be 1-200 characters",
+    if idempotency_key is not None and (not 0 < len(idempotency_key) <= 200
+                                        or not is_text(idempotency_key)):
+        raise SpecError("Idempotency-Key must be 1-200 characters without control characters",
                         loc=("header", "Idempotency-Key"))
     rt = get_runtime(request)
     metrics = request.app.state.metrics
@@ -118,9 +129,10 @@ async def submit_workload(request: Request) -> Response:
                         headers={"Location": f"/v1/workloads/{rec.workload.id}"})
 
 
-@router.get("/workloads", summary="List this tenant's workloads (oldest first)")
+@router.get("/workloads", responses=answers(200, 401, 422, 503, ok=PAGE_SCHEMA),
+            summary="List this tenant's workloads (oldest first)")
 async def list_workloads(rt: RuntimeDep, principal: Auth, limit: Limit = 50,
-                         cursor: str | None = None,
+                         cursor: Cursor = None,
                          status: WorkloadStatus | None = None) -> Response:
     async with rt.store.unit() as uow:
         page = await uow.workloads.list(tenant=scope_of(principal), status=status,
@@ -129,23 +141,26 @@ async def list_workloads(rt: RuntimeDep, principal: Auth, limit: Limit = 50,
                          "nextCursor": page.next_cursor})
 
 
-@router.get("/workloads/{workload_id}", summary="One workload with its status")
-async def get_workload(rt: RuntimeDep, principal: Auth, workload_id: str) -> Response:
+@router.get("/workloads/{workload_id}", responses=answers(200, 401, 404, 422, 503),
+            summary="One workload with its status")
+async def get_workload(rt: RuntimeDep, principal: Auth, workload_id: WorkloadId) -> Response:
     async with rt.store.unit() as uow:
         rec = await uow.workloads.get(workload_id, tenant=scope_of(principal))
     return JsonResponse(workload_view(rec))
 
 
-@router.delete("/workloads/{workload_id}", summary="Cancel a workload (idempotent)")
+@router.delete("/workloads/{workload_id}", responses=answers(200, 401, 404, 422, 503),
+               summary="Cancel a workload (idempotent)")
 async def cancel_workload(request: Request, rt: RuntimeDep, principal: Auth,
-                          workload_id: str) -> Response:
+                          workload_id: WorkloadId) -> Response:
     async with rt.store.unit() as uow:
         rec = await uow.workloads.cancel(workload_id, tenant=scope_of(principal))
     request.app.state.metrics.cancelled.inc()
     return JsonResponse(workload_view(rec))
 
 
-@router.post("/clusters", status_code=201, summary="Register or replace a member cluster")
+@router.post("/clusters", status_code=201, responses=answers(201, 200, 401, 409, 413, 422, 503),
+             summary="Register or replace a member cluster")
 async def register_cluster(rt: RuntimeDep, principal: Auth, body: ClusterIn) -> Response:
     body = body.with_catalog(_catalog_offer(rt))
     async with rt.store.unit() as uow:
@@ -155,14 +170,16 @@ async def register_cluster(rt: RuntimeDep, principal: Auth, body: ClusterIn) -> 
     return JsonResponse(cluster_view(rec), status_code=201 if created else 200)
 
 
-@router.get("/clusters", summary="List member clusters")
+@router.get("/clusters", responses=answers(200, 401, 503, ok=PAGE_SCHEMA),
+            summary="List member clusters")
 async def list_clusters(rt: RuntimeDep, principal: Auth) -> Response:
     async with rt.store.unit() as uow:
         recs = await uow.clusters.list_records(tenant=scope_of(principal))
     return JsonResponse({"items": [cluster_view(r) for r in recs], "nextCursor": None})
 
 
-@router.post("/sites", status_code=201, summary="Register or replace an edge site")
+@router.post("/sites", status_code=201, responses=answers(201, 200, 401, 409, 413, 422, 503),
+             summary="Register or replace an edge site")
 async def register_site(rt: RuntimeDep, principal: Auth, body: SiteIn) -> Response:
     async with rt.store.unit() as uow:
         created = await uow.sites.upsert(body.to_domain(), tenant=principal.tenant,
@@ -171,21 +188,25 @@ async def register_site(rt: RuntimeDep, principal: Auth, body: SiteIn) -> Respon
     return JsonResponse(site_view(rec), status_code=201 if created else 200)
 
 
-@router.get("/sites", summary="List edge sites")
+@router.get("/sites", responses=answers(200, 401, 503, ok=PAGE_SCHEMA),
+            summary="List edge sites")
 async def list_sites(rt: RuntimeDep, principal: Auth) -> Response:
     async with rt.store.unit() as uow:
         recs = await uow.sites.list_records(tenant=scope_of(principal))
     return JsonResponse({"items": [site_view(r) for r in recs], "nextCursor": None})
 
 
-@router.get("/placements/{placement_id}", summary="One placement with its decision record")
-async def get_placement(rt: RuntimeDep, principal: Auth, placement_id: str) -> Response:
+@router.get("/placements/{placement_id}", responses=answers(200, 401, 404, 422, 503),
+            summary="One placement with its decision record")
+async def get_placement(rt: RuntimeDep, principal: Auth,
+                        placement_id: PlacementId) -> Response:
     async with rt.store.unit() as uow:
         rec = await uow.placements.get(placement_id, tenant=scope_of(principal))
     return JsonResponse(placement_view(rec))
 
 
-@router.post("/tokens", status_code=201, summary="Create a tenant token (admin only)")
+@router.post("/tokens", status_code=201, responses=answers(201, 401, 403, 413, 422, 503),
+             summary="Create a tenant token (admin only)")
 async def create_token(rt: RuntimeDep, _admin: Admin, body: TokenIn) -> Response:
     async with rt.store.unit() as uow:
         token_id, token = await uow.tokens.create(tenant=body.tenant,
@@ -194,23 +215,27 @@ async def create_token(rt: RuntimeDep, _admin: Admin, body: TokenIn) -> Response
                         status_code=201)
 
 
-@router.get("/events", summary="The event log (oldest first): failovers, syncs, placements")
-async def list_events(rt: RuntimeDep, principal: Auth, limit: Limit = 100,
-                      after: Annotated[int, Query(ge=0)] = 0, kind: str | None = None,
-                      subject: str | None = None) -> Response:
+@router.get("/events", responses=answers(200, 401, 422, 503, ok=PAGE_SCHEMA),
+            summary="The event log (oldest first): failovers, syncs, placements")
+async def list_events(
+        rt: RuntimeDep, principal: Auth, limit: Limit = 100,
+        after: Annotated[int, Query(ge=0, le=2**53)] = 0,
+        kind: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
+        subject: Annotated[str | None, Query(max_length=253, pattern=TEXT_PATTERN)] = None,
+) -> Response:
     """A tenant sees its own events plus the federation's (site health, failovers,
     price changes); the admin sees all. Page with `after=<last id>`."""
     async with rt.store.unit() as uow:
         events = await uow.events.list(tenant=scope_of(principal), after_id=after,
                                        limit=limit, kind=kind, subject=subject,
                                        include_system=True)
-    items = [{"id": e.id, "ts": e.ts, "tenant": e.tenant, "kind": e.kind,
-              "subject": e.subject, "data": e.data} for e in events]
+    items = [event_view(e) for e in events]
     nxt = str(items[-1]["id"]) if len(items) == limit else None
     return JsonResponse({"items": items, "nextCursor": nxt})
 
 
-@router.get("/providers", summary="Provider accounts and their price/quota sync health")
+@router.get("/providers", responses=answers(200, 401, 503, ok=PAGE_SCHEMA),
+            summary="Provider accounts and their price/quota sync health")
 async def list_providers(rt: RuntimeDep, principal: Auth) -> Response:
     async with rt.store.unit() as uow:
         accounts = await uow.quotas.list_accounts()

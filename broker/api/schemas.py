@@ -5,6 +5,12 @@ Python. Unknown fields are refused (a typo like `replica: 3` must not silently
 mean "1 replica"). Each model converts itself to `broker.domain` values with
 `to_domain()`; the API never stores anything a model did not accept.
 
+Hostile input is normal input: every number is finite (`Infinity`/`NaN`, JSON
+or YAML, are refused) and bounded, every string refuses NUL and control
+characters, every list and map has a maximum size, and free-form `attrs` pass
+`broker.limits.check_json`. The limits live in `broker/limits.py` and show in
+the OpenAPI document (`minimum`, `maximum`, `maxLength`, `pattern`, `maxItems`).
+
 Quantities: `cpu` is cores (`2`, `0.5` or `"500m"`); `memory` is GiB as a number
 or a Kubernetes quantity (`"4Gi"`, `"512Mi"`, `"8G"`).
 """
@@ -15,9 +21,18 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
+from broker import limits as lim
 from broker.domain import (
     Cluster,
     DataSource,
@@ -39,6 +54,7 @@ _UNITS = {"Ki": 1024.0, "Mi": 1024.0**2, "Gi": _GIB, "Ti": 1024.0**4,
           "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "k": 1e3}
 _QTY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]{0,2})\s*$")
 NAME_RE = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+TEXT = lim.TEXT_PATTERN
 
 
 def parse_memory_gib(v: Any) -> Any:
@@ -63,36 +79,94 @@ def parse_cpu(v: Any) -> Any:
     return v
 
 
-Cpu = Annotated[float, BeforeValidator(parse_cpu), Field(ge=0, le=100_000)]
-MemoryGib = Annotated[float, BeforeValidator(parse_memory_gib), Field(ge=0, le=1e7)]
-Gpu = Annotated[int, Field(ge=0, le=1024)]
-Label = Annotated[str, Field(max_length=253)]
+def _json_ok(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    if v is not None:
+        lim.check_json(v)
+    return v
+
+
+def _quantity_schema(maximum: float, units: str, example: str) -> WithJsonSchema:
+    """The wire form of a quantity: a bounded number, or a string such as `example`."""
+    return WithJsonSchema({"anyOf": [
+        {"type": "number", "minimum": 0, "maximum": maximum},
+        {"type": "string", "maxLength": 32,
+         "pattern": rf"^\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*({units})?\s*$",
+         "description": f"a quantity such as {example!r}, at most {maximum:g} after conversion"},
+    ]})
+
+
+def _resolution(digits: int) -> Callable[[Any, float | None], float | None]:
+    """A field validator rounding to `digits` decimals.
+
+    Why: numbers are bounded above, and they must not be absurdly small either. The
+    planner divides by sizes and prices; `5e-324` CPUs (a valid float) once made its
+    bounds overflow. Every quantity has a resolution far below anything real
+    (Kubernetes has millicores and bytes); finer fractions are rounded to it."""
+    def rounded(_cls: Any, v: float | None) -> float | None:
+        return None if v is None else round(v, digits)
+    return rounded
+
+
+Cpu = Annotated[float, BeforeValidator(parse_cpu), Field(ge=0, le=lim.CPU_MAX),
+                AfterValidator(lambda v: round(v, 3)),  # millicores
+                _quantity_schema(lim.CPU_MAX, "m", "500m")]
+MemoryGib = Annotated[float, BeforeValidator(parse_memory_gib),
+                      Field(ge=0, le=lim.MEMORY_GIB_MAX),
+                      AfterValidator(lambda v: round(v * _GIB) / _GIB),  # bytes
+                      _quantity_schema(lim.MEMORY_GIB_MAX, "Ki|Mi|Gi|Ti|K|M|G|T|k", "4Gi")]
+Gpu = Annotated[int, Field(ge=0, le=lim.GPU_MAX)]
+Label = Annotated[str, Field(max_length=253, pattern=TEXT)]
+Key = Annotated[str, Field(min_length=1, max_length=253, pattern=TEXT)]
+
+
+def _map_schema(max_items: int, value_max: int, value_pattern: str) -> WithJsonSchema:
+    """A string map in OpenAPI: key rules in `propertyNames` (pydantic would put the key
+    pattern in `patternProperties`, which does not refuse other keys)."""
+    return WithJsonSchema({
+        "type": "object", "maxProperties": max_items,
+        "propertyNames": {"minLength": 1, "maxLength": 253, "pattern": TEXT},
+        "additionalProperties": {"type": "string", "maxLength": value_max,
+                                 "pattern": value_pattern}})
+
+
+Labels = Annotated[dict[Key, Label], Field(max_length=64), _map_schema(64, 253, TEXT)]
+EnvValue = Annotated[str, Field(max_length=32_768, pattern=lim.MULTILINE_PATTERN)]
+Env = Annotated[dict[Key, EnvValue], Field(max_length=1000),
+                _map_schema(1000, 32_768, lim.MULTILINE_PATTERN)]
+Short = Annotated[str, Field(min_length=1, max_length=128, pattern=TEXT)]
+# Free-form extension data, kept verbatim (`broker.limits.check_json`).
+Attrs = Annotated[dict[str, Any] | None, AfterValidator(_json_ok), Field(
+    description="Free-form JSON kept verbatim: finite numbers within +-2^53, strings without "
+                "control characters, at most 16 levels and 10,000 values.")]
 
 
 class _Model(BaseModel):
+    # allow_inf_nan=False: Python's json and YAML both parse Infinity/NaN (FACTS.md).
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
-                              frozen=True)
+                              frozen=True, allow_inf_nan=False)
 
 
 class ResourcesIn(_Model):
     cpu: Cpu = 0.0
     memory: MemoryGib = 0.0
     gpu: Gpu = 0
-    gpu_model: str | None = Field(default=None, max_length=64)
+    gpu_model: str | None = Field(default=None, max_length=64, pattern=TEXT)
     interconnect: Interconnect = Interconnect.NONE
 
 
 class DataSourceIn(_Model):
-    size_gb: float = Field(ge=0, le=1e9)
-    location: str = Field(min_length=1, max_length=200)
-    url: str = Field(default="", max_length=2048)
+    size_gb: float = Field(ge=0, le=lim.DATA_GB_MAX)
+    location: str = Field(min_length=1, max_length=200, pattern=TEXT)
+    url: str = Field(default="", max_length=2048, pattern=TEXT)
     sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+
+    _size = field_validator("size_gb")(classmethod(_resolution(9)))
 
 
 class TolerationIn(_Model):
-    key: str = Field(default="", max_length=253)
+    key: str = Field(default="", max_length=253, pattern=TEXT)
     operator: Literal["Equal", "Exists"] = "Equal"
-    value: str = Field(default="", max_length=253)
+    value: str = Field(default="", max_length=253, pattern=TEXT)
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
 
 
@@ -104,30 +178,35 @@ class SpreadIn(_Model):
 
 class WorkloadSpecIn(_Model):
     kind: WorkloadKind
-    image: str = Field(min_length=1, max_length=1024)
-    replicas: int = Field(default=1, ge=1, le=100_000)
+    image: str = Field(min_length=1, max_length=1024, pattern=TEXT)
+    replicas: int = Field(default=1, ge=1, le=lim.REPLICAS_MAX)
     resources: ResourcesIn = Field(default_factory=ResourcesIn)
-    user_region: str | None = Field(default=None, max_length=128)
-    latency_slo_ms: float | None = Field(default=None, gt=0, le=1e6)
+    user_region: str | None = Field(default=None, max_length=128, pattern=TEXT)
+    latency_slo_ms: float | None = Field(default=None, gt=0, le=lim.LATENCY_SLO_MS_MAX)
     data: list[DataSourceIn] = Field(default_factory=list, max_length=100)
-    image_gb: float = Field(default=0.5, ge=0, le=10_000)
-    duration_s: float | None = Field(default=None, gt=0)
-    affinity: dict[str, Label] = Field(default_factory=dict)
-    anti_affinity: dict[str, Label] = Field(default_factory=dict)
-    avoid_workloads: list[str] = Field(default_factory=list, max_length=1000)
+    image_gb: float = Field(default=0.5, ge=0, le=lim.IMAGE_GB_MAX)
+    duration_s: float | None = Field(default=None, gt=0, le=lim.DURATION_S_MAX)
+    affinity: Labels = Field(default_factory=dict)
+    anti_affinity: Labels = Field(default_factory=dict)
+    avoid_workloads: list[Label] = Field(default_factory=list, max_length=1000)
     tolerations: list[TolerationIn] = Field(default_factory=list, max_length=100)
     spread: SpreadIn | None = None
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    budget_usd_per_hour: float | None = Field(default=None, ge=0)
+    priority: int = Field(default=0, ge=-lim.PRIORITY_MAX, le=lim.PRIORITY_MAX)
+    budget_usd_per_hour: float | None = Field(default=None, ge=0,
+                                              le=lim.BUDGET_USD_PER_HOUR_MAX)
     spot_ok: bool = True
-    env: dict[str, str] = Field(default_factory=dict)
-    command: list[str] = Field(default_factory=list, max_length=1000)
+    env: Env = Field(default_factory=dict)
+    command: list[EnvValue] = Field(default_factory=list, max_length=1000)
+
+    _ms = field_validator("latency_slo_ms", "duration_s")(classmethod(_resolution(3)))
+    _usd = field_validator("budget_usd_per_hour")(classmethod(_resolution(6)))
+    _gb = field_validator("image_gb")(classmethod(_resolution(9)))
 
 
 class MetadataIn(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
     name: str = Field(min_length=1, max_length=253, pattern=NAME_RE)
-    labels: dict[str, Label] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
 
 
 class WorkloadIn(_Model):
@@ -168,16 +247,20 @@ class PoolIn(_Model):
     cloud pool: they are then taken from the catalog entry of `instanceType` in the
     cluster's provider and region (`skyfed catalog offers`)."""
 
-    name: str = Field(min_length=1, max_length=128)
-    instance_type: str = Field(min_length=1, max_length=64)
+    name: Short
+    instance_type: str = Field(min_length=1, max_length=64, pattern=TEXT)
     node: NodeIn | None = None
-    nodes: int = Field(default=0, ge=0, le=100_000)
-    max_nodes: int = Field(default=0, ge=0, le=100_000)
-    price_usd_per_hour: float | None = Field(default=None, ge=0)
+    nodes: int = Field(default=0, ge=0, le=lim.NODES_MAX)
+    max_nodes: int = Field(default=0, ge=0, le=lim.NODES_MAX)
+    price_usd_per_hour: float | None = Field(default=None, ge=0,
+                                             le=lim.PRICE_USD_PER_HOUR_MAX)
     pricing: PricingModel = PricingModel.ON_DEMAND
-    gpu_model: str | None = None
+    gpu_model: str | None = Field(default=None, max_length=64, pattern=TEXT)
     interconnect: Interconnect = Interconnect.NONE
-    reclaim_rate_per_hour: float = Field(default=0.0, ge=0)
+    reclaim_rate_per_hour: float = Field(default=0.0, ge=0, le=lim.RECLAIM_RATE_PER_HOUR_MAX)
+
+    _res = field_validator("price_usd_per_hour", "reclaim_rate_per_hour")(
+        classmethod(_resolution(6)))
 
     def to_domain(self) -> Pool:
         if self.node is None or self.price_usd_per_hour is None:
@@ -196,17 +279,19 @@ class ClusterIn(_Model):
 
     name: str = Field(min_length=1, max_length=128, pattern=NAME_RE)
     provider: Literal["aws", "gcp", "azure", "onprem", "edge"]
-    region: str = Field(min_length=1, max_length=64)
-    account: str | None = Field(default=None, max_length=128)
-    zones: list[str] = Field(default_factory=list)
+    region: str = Field(min_length=1, max_length=64, pattern=TEXT)
+    account: str | None = Field(default=None, max_length=128, pattern=TEXT)
+    zones: list[Short] = Field(default_factory=list, max_length=64)
     lat: float | None = Field(default=None, ge=-90, le=90)
     lon: float | None = Field(default=None, ge=-180, le=180)
-    labels: dict[str, Label] = Field(default_factory=dict)
-    taints: list[str] = Field(default_factory=list)
-    quota_vcpu: float | None = Field(default=None, ge=0)
-    quota_gpu: float | None = Field(default=None, ge=0)
+    labels: Labels = Field(default_factory=dict)
+    taints: list[Label] = Field(default_factory=list, max_length=64)
+    quota_vcpu: float | None = Field(default=None, ge=0, le=lim.QUOTA_VCPU_MAX)
+    quota_gpu: float | None = Field(default=None, ge=0, le=lim.QUOTA_GPU_MAX)
     pools: list[PoolIn] = Field(default_factory=list, max_length=1000)
-    attrs: dict[str, Any] | None = None
+    attrs: Attrs = None
+
+    _quota = field_validator("quota_vcpu", "quota_gpu")(classmethod(_resolution(3)))
 
     def with_catalog(self, offer_of: Callable[[str, str, str], Offer]) -> ClusterIn:
         """Fill each pool's missing node size, price, GPU model and interconnect from
@@ -256,12 +341,14 @@ class SiteIn(_Model):
     lat: float = Field(ge=-90, le=90)
     lon: float = Field(ge=-180, le=180)
     capacity: NodeIn
-    price_usd_per_hour: float = Field(default=0.0, ge=0)
-    gpu_model: str | None = None
+    price_usd_per_hour: float = Field(default=0.0, ge=0, le=lim.PRICE_USD_PER_HOUR_MAX)
+    gpu_model: str | None = Field(default=None, max_length=64, pattern=TEXT)
     interconnect: Interconnect = Interconnect.PCIE
-    uplink_gbps: float = Field(default=1.0, gt=0)
-    labels: dict[str, Label] = Field(default_factory=dict)
-    attrs: dict[str, Any] | None = None
+    uplink_gbps: float = Field(default=1.0, ge=0.001, le=lim.UPLINK_GBPS_MAX)
+    labels: Labels = Field(default_factory=dict)
+    attrs: Attrs = None
+
+    _res = field_validator("price_usd_per_hour", "uplink_gbps")(classmethod(_resolution(6)))
 
     def to_domain(self) -> Site:
         return Site(name=self.name, lat=self.lat, lon=self.lon,
@@ -274,4 +361,4 @@ class SiteIn(_Model):
 
 class TokenIn(_Model):
     tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][-a-z0-9_]{0,63}$")
-    description: str = Field(default="", max_length=200)
+    description: str = Field(default="", max_length=200, pattern=lim.MULTILINE_PATTERN)

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.responses import Response
 
 from broker.domain import Cluster, Pool, Site, WorkloadSpec
-from broker.store import ClusterRecord, PlacementRecord, SiteRecord, WorkloadRecord
+from broker.store import ClusterRecord, Event, PlacementRecord, SiteRecord, WorkloadRecord
 
 try:
     import orjson
@@ -53,8 +53,10 @@ def spec_to_api(s: WorkloadSpec) -> dict[str, Any]:
 
 
 def workload_view(r: WorkloadRecord) -> dict[str, Any]:
+    """A workload answer; `sanitized` (only when non-empty) lists the spec fields that an
+    older version stored outside today's limits and that were clipped on read."""
     w = r.workload
-    return {
+    out: dict[str, Any] = {
         "apiVersion": "skyfed.io/v1", "kind": "Workload", "id": w.id,
         "metadata": {"name": w.spec.name, "labels": dict(w.spec.labels), "uid": w.id,
                      "tenant": w.tenant, "submittedS": w.submitted_s},
@@ -62,6 +64,18 @@ def workload_view(r: WorkloadRecord) -> dict[str, Any]:
         "status": {"phase": str(w.status), "placementId": r.placement_id,
                    "message": r.message, "updatedS": r.updated_s},
     }
+    if r.sanitized:
+        out["sanitized"] = list(r.sanitized)
+    return out
+
+
+def event_view(e: Event) -> dict[str, Any]:
+    """An event answer; `sanitized` (only when non-empty) as for workloads, paths in `data`."""
+    out: dict[str, Any] = {"id": e.id, "ts": e.ts, "tenant": e.tenant, "kind": e.kind,
+                           "subject": e.subject, "data": e.data}
+    if e.sanitized:
+        out["sanitized"] = list(e.sanitized)
+    return out
 
 
 def _pool_view(p: Pool) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from broker.errors import ConfigError, ConflictError, StoreError
+from broker.errors import ConfigError, ConflictError, SpecError, StoreError
 
 try:
     import orjson
@@ -42,8 +42,11 @@ try:
     import asyncpg
 
     _PG_UNIQUE: tuple[type[BaseException], ...] = (asyncpg.UniqueViolationError,)
+    # InternalClientError: a connection killed mid-request (pg_terminate_backend, a
+    # failover) surfaces as this, untranslated by SQLAlchemy (FACTS.md). Retryable.
     _PG_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError,
-                                                    asyncpg.InterfaceError)
+                                                    asyncpg.InterfaceError,
+                                                    asyncpg.InternalClientError)
 except ImportError:  # pragma: no cover - SQLite-only installs
     _PG_UNIQUE = ()
     _PG_ERRORS = ()
@@ -140,21 +143,37 @@ def _is_unique_violation(e: exc.DBAPIError) -> bool:
 def mapped_errors(what: str) -> Iterator[None]:
     """Map SQLAlchemy/asyncpg/sqlite errors raised inside to the broker tree, once.
 
-    Unique and foreign-key violations become `ConflictError`; everything else
-    that the database or driver raises becomes `StoreError`. The original
-    error stays attached as `__cause__`.
+    Unique and foreign-key violations become `ConflictError`; a value the
+    database refuses (SQLSTATE class 22, "data exception": a NUL character, a
+    number out of range) becomes `SpecError` (422: retrying cannot help, and a
+    503 would page someone); everything else that the database or driver raises
+    becomes `StoreError` (503, retryable). The original error stays attached as
+    `__cause__`.
     """
     try:
         yield
     except _PG_UNIQUE as e:
         raise ConflictError(f"{what}: duplicate violation: {_short(e)}") from e
     except _PG_ERRORS as e:
+        if _is_data_exception(e):
+            raise SpecError(f"the database refused a value: {_short(e)}") from e
         raise StoreError(f"{what}: {_short(e)}") from e
     except exc.IntegrityError as e:
         kind = "duplicate" if _is_unique_violation(e) else "integrity"
         raise ConflictError(f"{what}: {kind} violation: {_short(e)}") from e
     except (exc.DBAPIError, exc.SQLAlchemyError, OSError) as e:
+        if _is_data_exception(e):
+            raise SpecError(f"the database refused a value: {_short(e)}") from e
         raise StoreError(f"{what}: {_short(e)}") from e
+
+
+def _is_data_exception(e: BaseException) -> bool:
+    """SQLSTATE class 22 (PostgreSQL's "data exception"), raw or wrapped by SQLAlchemy."""
+    for err in (e, getattr(e, "orig", None), getattr(e, "__cause__", None)):
+        code = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+        if isinstance(code, str) and code.startswith("22"):
+            return True
+    return False
 
 
 def _short(e: BaseException) -> str:

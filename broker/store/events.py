@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from broker.limits import sanitize_json
 from broker.store.models import EventRow
 from broker.store.records import Event
 
@@ -45,5 +46,12 @@ class EventRepo:
         if subject is not None:
             q = q.where(EventRow.subject == subject)
         rows = (await self._s.scalars(q.order_by(EventRow.id).limit(limit))).all()
-        return [Event(id=r.id, ts=r.ts, tenant=r.tenant, kind=r.kind, subject=r.subject,
-                      data=r.data) for r in rows]
+        return [_event(r) for r in rows]
+
+
+def _event(r: EventRow) -> Event:
+    """An event as stored, its `data` repaired if an older version stored what no JSON
+    encoder can write (a `ts_ms: 1e308` from MQTT became a 309-digit jsonb integer)."""
+    data, repaired = sanitize_json(r.data if isinstance(r.data, Mapping) else {"value": r.data})
+    return Event(id=r.id, ts=r.ts, tenant=r.tenant, kind=r.kind, subject=r.subject,
+                 data=data, sanitized=tuple(repaired))

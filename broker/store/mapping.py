@@ -2,12 +2,19 @@
 
 The JSON form of a `WorkloadSpec` is the dataclass's own field names
 (snake_case), so it round-trips exactly: `spec_from_json(spec_to_json(s)) == s`.
+
+Reading is defensive: rows written by older versions may hold what today's
+validation refuses (a 301-digit jsonb integer from `durationS: 1e300`, a NUL in
+SQLite text). `read_spec` repairs such a spec (`broker.limits.sanitize_json`,
+`clip_spec`) and names the fields it changed, so one bad row can neither make a
+list answer 500 nor hand the placement loop a number it cannot solve with.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +37,7 @@ from broker.domain import (
     WorkloadSpec,
     WorkloadStatus,
 )
+from broker.limits import clip_spec, sanitize_json
 from broker.store.models import OfferRow, PoolRow, SiteRow, WorkloadRow
 from providers.base import Quota
 
@@ -102,9 +110,25 @@ def spec_sha256(spec_json: Mapping[str, Any]) -> str:
     return hashlib.sha256(_canonical(spec_json)).hexdigest()
 
 
+def read_spec(raw: Mapping[str, Any]) -> tuple[WorkloadSpec, list[str]]:
+    """A stored spec, repaired to today's limits, and the API names of what was repaired."""
+    clean, changed = sanitize_json(raw)
+    spec, clipped = clip_spec(spec_from_json(clean))
+    return spec, list(dict.fromkeys([_camel(p) for p in changed] + clipped))
+
+
+def _camel(path: str) -> str:
+    return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), path)
+
+
+def read_workload(row: WorkloadRow) -> tuple[Workload, list[str]]:
+    spec, repaired = read_spec(row.spec)
+    return Workload(id=row.id, tenant=row.tenant, spec=spec,
+                    status=WorkloadStatus(row.status), submitted_s=row.submitted_s), repaired
+
+
 def workload_from_row(row: WorkloadRow) -> Workload:
-    return Workload(id=row.id, tenant=row.tenant, spec=spec_from_json(row.spec),
-                    status=WorkloadStatus(row.status), submitted_s=row.submitted_s)
+    return read_workload(row)[0]
 
 
 def pool_to_values(cluster: str, p: Pool) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from broker.domain import Cluster, Offer, Site, SiteHealth
 from broker.errors import ConflictError, NotFoundError
+from broker.limits import sanitize_json
 from broker.store.auth import TenantRepo
 from broker.store.events import EventRepo
 from broker.store.mapping import (
@@ -129,7 +130,7 @@ class ClusterRepo:
         for p in pools:
             by_cluster.setdefault(p.cluster, []).append(p)
         return [ClusterRecord(cluster=cluster_from_row(r, by_cluster.get(r.name, [])),
-                              tenant=r.tenant, account=r.account, attrs=dict(r.attrs or {}),
+                              tenant=r.tenant, account=r.account, attrs=_attrs(r.attrs),
                               updated_s=r.updated_s) for r in rows]
 
 
@@ -197,7 +198,7 @@ class SiteRepo:
 
 def _site_record(r: SiteRow) -> SiteRecord:
     return SiteRecord(site=site_from_row(r), tenant=r.tenant, last_seen_s=r.last_seen_s,
-                      attrs=dict(r.attrs or {}), updated_s=r.updated_s)
+                      attrs=_attrs(r.attrs), updated_s=r.updated_s)
 
 
 class OfferRepo:
@@ -232,3 +233,9 @@ class OfferRepo:
                                              OfferRow.region == region)
         vals = (await self._s.scalars(q)).all()
         return max(vals) if vals else None
+
+
+def _attrs(raw: Any) -> dict[str, Any]:
+    """Stored `attrs`, repaired if an older version kept what no JSON encoder can write."""
+    clean, _ = sanitize_json(raw if isinstance(raw, Mapping) else {})
+    return dict(clean)

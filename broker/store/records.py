@@ -27,6 +27,8 @@ class WorkloadRecord:
     message: str = ""
     updated_s: float = 0.0
     idempotency_key: str | None = None
+    # Fields repaired on read (stored by an older version outside today's limits).
+    sanitized: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,8 @@ class Event:
     kind: str
     subject: str
     data: Mapping[str, Any]
+    # Paths in `data` repaired on read (numbers no encoder can write, control characters).
+    sanitized: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

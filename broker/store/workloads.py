@@ -21,7 +21,7 @@ from broker.domain import Workload, WorkloadSpec, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, NotFoundError, SpecError
 from broker.store.engine import json_dumps as _dumps
 from broker.store.events import EventRepo
-from broker.store.mapping import spec_to_json, workload_from_row
+from broker.store.mapping import read_workload, spec_to_json, workload_from_row
 from broker.store.models import PlacementRow, WorkloadRow
 from broker.store.records import Page, WorkloadRecord
 
@@ -72,9 +72,10 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
 
 
 def _record(row: WorkloadRow) -> WorkloadRecord:
-    return WorkloadRecord(workload=workload_from_row(row), placement_id=row.placement_id,
+    workload, repaired = read_workload(row)
+    return WorkloadRecord(workload=workload, placement_id=row.placement_id,
                           message=row.message, updated_s=row.updated_s,
-                          idempotency_key=row.idempotency_key)
+                          idempotency_key=row.idempotency_key, sanitized=tuple(repaired))
 
 
 class WorkloadRepo:
