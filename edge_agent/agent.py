@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import time
 from collections.abc import Awaitable
@@ -34,6 +35,7 @@ from typing import Any
 from edge_agent.journal import Journal
 from edge_agent.probe import LoadSampler, probe_all
 from edge_agent.protocol import (
+    COUNT_MAX,
     DEFAULT_PREFIX,
     Ack,
     Command,
@@ -277,22 +279,33 @@ class EdgeAgent:
             await client.publish(self.topics.telemetry(self.site), encode(msg), qos=0)
 
     async def _message_loop(self, client: Any) -> None:
+        topic = self.topics.acks(self.site)
         async for message in client.messages:
-            parsed = self.topics.parse(str(message.topic))
-            if parsed is None or parsed[1] != self.site:
-                continue  # amqtt may deliver foreign retained messages: filter by topic
-            payload = message.payload
-            if not isinstance(payload, bytes | bytearray | str):
-                continue
-            if parsed[0] == "commands":
-                cmd = decode(Command, payload)
-                if cmd is not None:
-                    await self._handle(client, cmd)
-            elif parsed[0] == "echo":
-                echo = decode(Echo, payload)
-                t0 = None if echo is None else self._echo_sent.pop(echo.nonce, None)
-                if t0 is not None:
-                    self._broker_rtt_ms = round((time.perf_counter() - t0) * 1000.0, 3)
+            for body in self.receive(str(message.topic), message.payload):
+                await client.publish(topic, body, qos=1)
+
+    def receive(self, topic: str, payload: object) -> list[bytes]:
+        """One inbound MQTT message through the agent: the acks to publish (encoded).
+
+        Synchronous and without network I/O (the supervisor only declares services
+        here; its loop starts them), so any payload can be fed in by a test: topic
+        filter, decode (bounded models, `edge_agent.protocol`), site check, then
+        `_handle`. Anything malformed is dropped and logged by `decode`.
+        """
+        parsed = self.topics.parse(topic)
+        if parsed is None or parsed[1] != self.site:
+            return []  # amqtt may deliver foreign retained messages: filter by topic
+        if not isinstance(payload, bytes | bytearray | str):
+            return []
+        if parsed[0] == "commands":
+            cmd = decode(Command, payload)
+            return [] if cmd is None else self._handle(cmd)
+        if parsed[0] == "echo":
+            echo = decode(Echo, payload)
+            t0 = None if echo is None else self._echo_sent.pop(echo.nonce, None)
+            if t0 is not None:
+                self._broker_rtt_ms = round((time.perf_counter() - t0) * 1000.0, 3)
+        return []
 
     async def _outbox_loop(self, client: Any) -> None:
         topic = self.topics.telemetry(self.site)
@@ -309,24 +322,27 @@ class EdgeAgent:
             self.journal.prune()
 
     # commands
-    async def _handle(self, client: Any, cmd: Command) -> None:
+    def _handle(self, cmd: Command) -> list[bytes]:
+        """Act on a command once; a repeated id gets the first answer again (duplicate).
+
+        The ack is journalled before it is published: a crash in between makes the
+        hub's re-send get the journalled ack, never a second execution."""
         self.stats.commands += 1
         prior = self.journal.seen(cmd.command_id)
         if prior is not None:
             self.stats.duplicates += 1
             old = decode(Ack, prior)
-            if old is not None:
-                ack = old.model_copy(update={"duplicate": True, "ts_ms": now_ms()})
-                await client.publish(self.topics.acks(self.site), encode(ack), qos=1)
-            return
+            if old is None:
+                return []
+            return [encode(old.model_copy(update={"duplicate": True, "ts_ms": now_ms()}))]
         if cmd.site != self.site:
             ack = Ack(command_id=cmd.command_id, site=self.site, ok=False,
                       message=f"command for site {cmd.site!r} delivered to {self.site!r}")
         else:
             ack = self._execute(cmd)
         body = encode(ack)
-        await client.publish(self.topics.acks(self.site), body, qos=1)
         self.journal.remember(cmd.command_id, ack.ts_ms, body.decode())
+        return [body]
 
     def _execute(self, cmd: Command) -> Ack:
         def ack(ok: bool, message: str = "", done_ms: float | None = None) -> Ack:
@@ -457,9 +473,22 @@ class EdgeAgent:
                 await asyncio.wait_for(stop.wait(), self.config.probe_every_s)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_KEY_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _flat(data: dict[str, Any]) -> dict[str, str | int | float | bool | None]:
-    return {k: v if isinstance(v, str | int | float | bool) or v is None else str(v)
-            for k, v in data.items()}
+    """Journal data as `Telemetry` accepts it (64 keys; strings of 4,096 characters
+    without control characters; numbers finite within 2^53). A value the wire model
+    refused would stall the outbox on that event forever, so it is coerced here."""
+    out: dict[str, str | int | float | bool | None] = {}
+    for k, v in list(data.items())[:64]:
+        key = _KEY_CONTROL.sub("?", str(k))[:64] or "_"
+        if v is None or isinstance(v, bool) or (isinstance(v, int | float) and abs(v) <= COUNT_MAX):
+            out[key] = v
+        else:
+            out[key] = _CONTROL.sub("?", str(v))[:4096]
+    return out
 
 
 async def _first_done(*aws: Awaitable[Any]) -> int:

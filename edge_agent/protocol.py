@@ -38,6 +38,15 @@ Why these QoS levels:
 Every payload is JSON with a `schema_version`. `decode()` returns None (and logs)
 for malformed payloads and unknown versions: a bad message from one peer must
 never crash the loops on the other side.
+
+Bounds (hostile input is normal input): every number is finite (`NaN` and
+`Infinity` are refused) and bounded (timestamps within `TS_MS_MAX`, counters and
+epochs within 2^53, fractions within 0..1); names and ids refuse control
+characters and the MQTT wildcards; free text refuses control characters except
+tab, CR and LF; maps and lists have maximum sizes. A `Telemetry` message with
+`ts_ms: 1e308` was once stored as an event no list could answer; now it does not
+decode. The broker keeps the same rules for its API in `broker/limits.py` (this
+module may not import the broker).
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -59,9 +68,11 @@ from pydantic import (
 )
 
 __all__ = [
+    "COUNT_MAX",
     "DEFAULT_PREFIX",
     "QOS",
     "SCHEMA_VERSION",
+    "TS_MS_MAX",
     "Ack",
     "Command",
     "CommandKind",
@@ -107,8 +118,26 @@ def now_ms() -> float:
     return time.time() * 1000.0
 
 
+# Wire bounds (see the module docstring).
+TS_MS_MAX = 1e13  # milliseconds since 1970: the year 2286
+COUNT_MAX = 2**53  # counters, epochs, sessions: exact in a float and in JavaScript
+_TEXT = r"^[^\x00-\x1f\x7f]*$"
+_MULTILINE = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+_NAME = r"^[^\x00-\x1f\x7f/+#]+$"  # also an MQTT topic level: no wildcards, no '/'
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=_NAME)]
+MaybeName = Annotated[str, Field(max_length=253, pattern=r"^[^\x00-\x1f\x7f/+#]*$")]
+Ident = Annotated[str, Field(max_length=128, pattern=_TEXT)]
+Text = Annotated[str, Field(max_length=4096, pattern=_MULTILINE)]
+Ms = Annotated[float, Field(ge=0, le=TS_MS_MAX)]
+RttMs = Annotated[float, Field(ge=0, le=1e6)]
+Frac = Annotated[float, Field(ge=0, le=1)]
+Count = Annotated[int, Field(ge=0, le=COUNT_MAX)]
+Scalar = (Text | Annotated[int, Field(ge=-COUNT_MAX, le=COUNT_MAX)]
+          | Annotated[float, Field(ge=-COUNT_MAX, le=COUNT_MAX)] | bool | None)
+
+
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     schema_version: Literal[1] = 1
 
@@ -125,28 +154,29 @@ class _Msg(BaseModel):
 class Status(_Msg):
     """Retained site presence. The Last Will is `Status(state="offline")`."""
 
-    site: str
+    site: Name
     state: Literal["online", "offline"]
-    ts_ms: float = Field(default_factory=now_ms)
-    started_ms: float = 0.0
-    agent_version: str = "0.1.0"
+    ts_ms: Ms = Field(default_factory=now_ms)
+    started_ms: Ms = 0.0
+    agent_version: str = Field(default="0.1.0", max_length=64, pattern=_TEXT)
     # Bumps on every new MQTT session: a hub can tell a reconnect from a stale retained copy.
-    session: int = 0
+    session: Count = 0
 
 
 class Heartbeat(_Msg):
     """Liveness and load. `services` maps service name -> ServiceState."""
 
-    site: str
-    seq: int
-    ts_ms: float = Field(default_factory=now_ms)
-    cpu_frac: float = 0.0  # whole-host CPU busy fraction 0..1
-    mem_frac: float = 0.0  # whole-host memory used fraction 0..1
-    gpu_frac: float | None = None  # mean GPU utilisation 0..1, None without GPUs
-    rss_mb: float = 0.0  # the agent's own resident memory
-    broker_rtt_ms: float | None = None  # MQTT round trip agent -> broker -> agent
-    peer_rtt_ms: dict[str, float] = Field(default_factory=dict)  # "host:port" -> TCP connect ms
-    services: dict[str, ServiceState] = Field(default_factory=dict)
+    site: Name
+    seq: Count
+    ts_ms: Ms = Field(default_factory=now_ms)
+    cpu_frac: Frac = 0.0  # whole-host CPU busy fraction 0..1
+    mem_frac: Frac = 0.0  # whole-host memory used fraction 0..1
+    gpu_frac: Frac | None = None  # mean GPU utilisation 0..1, None without GPUs
+    rss_mb: float = Field(default=0.0, ge=0, le=1e9)  # the agent's own resident memory
+    broker_rtt_ms: RttMs | None = None  # MQTT round trip agent -> broker -> agent
+    # "host:port" -> TCP connect ms
+    peer_rtt_ms: dict[Name, RttMs] = Field(default_factory=dict, max_length=1000)
+    services: dict[Name, ServiceState] = Field(default_factory=dict, max_length=10_000)
 
 
 class ServiceSpec(BaseModel):
@@ -154,82 +184,94 @@ class ServiceSpec(BaseModel):
     service runs elsewhere on the site, e.g. in its k3s): the agent then tracks
     only its role, which is what a route switch needs."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
-    name: str
-    command: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
-    health_tcp_port: int | None = None  # healthy when 127.0.0.1:port accepts
-    promote_signal: int | None = None  # sent to the process on promote (e.g. SIGUSR1=10)
-    endpoint: str = ""  # what clients connect to once it serves, published in the route
+    name: Name
+    command: tuple[Annotated[str, Field(max_length=32_768, pattern=_MULTILINE)], ...] = \
+        Field(default=(), max_length=1000)
+    env: dict[Annotated[str, Field(min_length=1, max_length=253, pattern=_TEXT)],
+              Annotated[str, Field(max_length=32_768, pattern=_MULTILINE)]] = \
+        Field(default_factory=dict, max_length=1000)
+    # healthy when 127.0.0.1:port accepts
+    health_tcp_port: int | None = Field(default=None, ge=1, le=65_535)
+    # sent to the process on promote (e.g. SIGUSR1=10)
+    promote_signal: int | None = Field(default=None, ge=1, le=64)
+    # what clients connect to once it serves, published in the route
+    endpoint: str = Field(default="", max_length=2048, pattern=_TEXT)
 
 
 class DataItem(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
-    url: str
-    sha256: str
-    size_bytes: int | None = None
-    name: str = ""  # file name in the cache; default: the sha256
+    url: str = Field(max_length=2048, pattern=_TEXT)
+    sha256: str = Field(pattern=r"^([0-9a-fA-F]{64})?$")
+    size_bytes: Count | None = None
+    # file name in the cache; default: the sha256
+    name: str = Field(default="", max_length=255, pattern=_TEXT)
 
 
 class Command(_Msg):
     """Hub -> agent. `command_id` is the idempotency key (see `Ack`)."""
 
-    command_id: str
-    site: str
+    command_id: Ident
+    site: Name
     kind: CommandKind
-    ts_ms: float = Field(default_factory=now_ms)
+    ts_ms: Ms = Field(default_factory=now_ms)
     service: ServiceSpec | None = None  # start (standby=True: warm, not serving)
-    service_name: str = ""  # stop / promote / demote
+    service_name: MaybeName = ""  # stop / promote / demote
     standby: bool = False
-    epoch: int = 0  # route epoch this command belongs to; agents ignore older epochs
+    epoch: Count = 0  # route epoch this command belongs to; agents ignore older epochs
     # Batched promote/demote: service name -> its route epoch. One packet and one ack
     # for every service a failed site moves onto this site (the failover hot path).
-    services: dict[str, int] = Field(default_factory=dict)
-    data: tuple[DataItem, ...] = ()  # prewarm
-    images: tuple[str, ...] = ()  # prewarm
+    services: dict[Name, Count] = Field(default_factory=dict, max_length=10_000)
+    data: tuple[DataItem, ...] = Field(default=(), max_length=1000)  # prewarm
+    images: tuple[Annotated[str, Field(max_length=1024, pattern=_TEXT)], ...] = \
+        Field(default=(), max_length=1000)  # prewarm
 
 
 class Ack(_Msg):
-    command_id: str
-    site: str
+    command_id: Ident
+    site: Name
     ok: bool
-    ts_ms: float = Field(default_factory=now_ms)
-    message: str = ""
+    ts_ms: Ms = Field(default_factory=now_ms)
+    message: str = Field(default="", pattern=_MULTILINE)
     # When the agent switched the service's role (promote); for timing.
-    done_ms: float | None = None
+    done_ms: Ms | None = None
     duplicate: bool = False
-    failed: tuple[str, ...] = ()  # services of a batched command that did not switch
+    # services of a batched command that did not switch
+    failed: tuple[Name, ...] = Field(default=(), max_length=10_000)
     # The highest route epoch the agent knows for the command's services: lets a
     # restarted hub catch up after a "stale epoch" refusal.
-    epoch: int = 0
+    epoch: Count = 0
 
 
 class Telemetry(_Msg):
     """A journal event or a progress report. `event_id` lets the hub drop replays."""
 
-    site: str
-    kind: str  # e.g. service_failed, service_restarted, prewarm_progress, prewarm_done
-    ts_ms: float = Field(default_factory=now_ms)
-    event_id: str = ""
+    site: Name
+    # e.g. service_failed, service_restarted, prewarm_progress, prewarm_done
+    kind: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    ts_ms: Ms = Field(default_factory=now_ms)
+    event_id: Ident = ""
     replayed: bool = False
-    data: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    data: dict[Annotated[str, Field(min_length=1, max_length=64, pattern=_TEXT)],
+               Scalar] = \
+        Field(default_factory=dict, max_length=64)
 
 
 class Echo(_Msg):
-    site: str
-    nonce: int
-    sent_ms: float
+    site: Name
+    nonce: Count
+    sent_ms: Ms
 
 
 class Route(_Msg):
-    service: str
-    site: str  # "" when no site serves it
-    epoch: int
-    ts_ms: float = Field(default_factory=now_ms)
-    endpoint: str = ""
-    standby_site: str = ""
+    service: Name
+    site: MaybeName  # "" when no site serves it
+    epoch: Count
+    ts_ms: Ms = Field(default_factory=now_ms)
+    endpoint: str = Field(default="", max_length=2048, pattern=_TEXT)
+    standby_site: MaybeName = ""
 
 
 Message = Status | Heartbeat | Command | Ack | Telemetry | Echo | Route
@@ -241,11 +283,13 @@ def encode(msg: _Msg) -> bytes:
     return msg.model_dump_json(exclude_defaults=False).encode()
 
 
-def decode(model: type[M], payload: bytes | bytearray | str) -> M | None:
-    """Parse `payload` as `model`; None (logged, never raised) when it is not one.
+def decode(model: type[M], payload: bytes | bytearray | str, *,
+           log_level: int = logging.WARNING) -> M | None:
+    """Parse `payload` as `model`; None (logged at `log_level`, never raised) when it is not.
 
     Unknown schema versions are rejected explicitly so a newer agent's message
-    is reported as such rather than as a confusing validation error.
+    is reported as such rather than as a confusing validation error. The hub
+    passes DEBUG: it counts and rate-limits its own log of dropped messages.
     """
     try:  # fast path: one pass in pydantic-core (the hub decodes ~500 heartbeats/s)
         return model.model_validate_json(payload, context=_WIRE)
@@ -253,21 +297,22 @@ def decode(model: type[M], payload: bytes | bytearray | str) -> M | None:
         pass  # classify below: unknown version, not JSON, or invalid
     try:
         raw = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
-        log.warning("dropping malformed %s payload: %s", model.__name__, exc)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: `[[[[...`
+        log.log(log_level, "dropping malformed %s payload: %s", model.__name__, exc)
         return None
     if not isinstance(raw, dict):
-        log.warning("dropping %s payload: not a JSON object", model.__name__)
+        log.log(log_level, "dropping %s payload: not a JSON object", model.__name__)
         return None
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
-        log.warning("dropping %s payload with unknown schema_version %r", model.__name__, version)
+        log.log(log_level, "dropping %s payload with unknown schema_version %r",
+                model.__name__, version)
         return None
     try:
         return model.model_validate(raw, context=_WIRE)
     except ValidationError as exc:
-        log.warning("dropping invalid %s payload: %s", model.__name__,
-                    exc.errors(include_url=False)[:3])
+        log.log(log_level, "dropping invalid %s payload: %s", model.__name__,
+                exc.errors(include_url=False)[:3])
         return None
 
 

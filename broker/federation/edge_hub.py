@@ -2,11 +2,12 @@
 
 `EdgeHub` (`name`, `run(stop)`) holds two MQTT sessions (see `run` for why two),
 subscribes to every site's status/heartbeat/acks/telemetry and to the retained
-routes, feeds the pure `HubCore`, publishes its commands and routes from a
-queue (so a message loop never waits on a PUBACK), persists its records from
-another queue (so a slow store never delays a failover), and ticks the core
-every `tick_ms` so missed heartbeats are noticed. The health, standby and
-failover rules are documented in `broker/federation/edge_core.py`.
+routes, feeds the pure `HubCore` what its `Inbox` admits (registered sites,
+valid payloads; `edge_inbox.py` counts and rate-limit-logs the rest),
+publishes its commands and routes from a queue (so a message loop never waits on
+a PUBACK), persists its records from another queue (so a slow store never delays
+a failover), and ticks the core every `tick_ms` so missed heartbeats are noticed.
+The health, standby and failover rules are documented in `broker/federation/edge_core.py`.
 
 It also implements `providers.edge.EdgeTransport` (`send_command`,
 `site_services`) for the dispatcher's plain edge driver, and
@@ -35,18 +36,14 @@ from broker.federation.edge_core import (
     Record,
     Send,
 )
+from broker.federation.edge_inbox import Inbox
 from broker.settings import EdgeSettings, MqttSettings
 from edge_agent.protocol import (
     DEFAULT_PREFIX,
     Ack,
     Command,
-    Heartbeat,
-    Route,
-    Status,
-    Telemetry,
     Topics,
     cancel_all,
-    decode,
     encode,
 )
 
@@ -111,6 +108,7 @@ class EdgeHub:
         self._records: asyncio.Queue[Record] = asyncio.Queue(maxsize=10_000)
         self.mqtt = mqtt
         self.topics = Topics(prefix)
+        self.inbox = Inbox(self.core, self.topics)
         self.clock = clock
         self.recorder = recorder
         self.tick_ms = tick_ms
@@ -187,37 +185,17 @@ class EdgeHub:
             logger=_mqtt_log, socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),))
 
     async def _messages(self, client: Any) -> None:
+        """Feed what the inbox admits (registered sites, valid payloads) to the core."""
         async for message in client.messages:
-            parsed = self.topics.parse(str(message.topic))
-            payload = message.payload
-            if parsed is None or not isinstance(payload, bytes | bytearray | str):
-                continue
-            kind, site = parsed
             now = self.clock()
-            actions: list[Action] = []
-            if kind == "heartbeat":
-                hb = decode(Heartbeat, payload)
-                if hb is not None and hb.site == site:
-                    actions = self.core.on_heartbeat(site, hb, now)
-            elif kind == "status":
-                st = decode(Status, payload)
-                if st is not None and st.site == site:
-                    actions = self.core.on_status(site, st, now)
-            elif kind == "acks":
-                ack = decode(Ack, payload)
-                if ack is not None and ack.site == site:
-                    waiter = self._waiters.pop(ack.command_id, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(ack)
-                    actions = self.core.on_ack(ack, now)
-            elif kind == "routes":
-                route = decode(Route, payload) if payload else None
-                if route is not None and route.service == site:
-                    self.core.on_route(route)
-            elif kind == "telemetry":
-                t = decode(Telemetry, payload)
-                if t is not None and t.site == site:
-                    actions = self.core.on_telemetry(t, now)
+            got = self.inbox.admit(str(message.topic), message.payload, now)
+            if got is None:
+                continue
+            if isinstance(got.message, Ack):
+                waiter = self._waiters.pop(got.message.command_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(got.message)
+            actions = self.inbox.feed(got, now)
             if actions:
                 await self._execute(actions)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from broker.domain import Resources, Site
 from broker.federation.edge_hub import EdgeHub
 from broker.settings import EdgeSettings, MqttSettings
 from edge_agent.agent import AgentConfig, EdgeAgent
@@ -25,6 +26,8 @@ async def test_driver_applies_reports_and_deletes(mqtt_addr: tuple[str, int],
     prefix = f"drv-{uuid.uuid4().hex[:8]}/v1"
     url = f"mqtt://{mqtt_addr[0]}:{mqtt_addr[1]}"
     hub = EdgeHub(settings=EdgeSettings(), mqtt=MqttSettings(url=url), prefix=prefix)
+    hub.add_site(Site("shop-1", 34.7, 135.5, capacity=Resources(8, 16)))  # the hub hears only
+    # registered sites (edge_inbox.py)
     agent = EdgeAgent(AgentConfig(site="shop-1", host=mqtt_addr[0], port=mqtt_addr[1],
                                   prefix=prefix, data_dir=tmp_path, heartbeat_ms=50))
     driver = EdgeSiteDriver(site="shop-1", transport=hub, cpu=8, memory_gib=16,
