@@ -48,8 +48,10 @@ from broker.federation.policy_runtime import (
     per_placement,
     share_observation,
 )
+from broker.federation.quarantine import Quarantine
 from broker.placement.commitments import with_commitments
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
+from broker.placement.sanity import partition
 from broker.settings import PlacementSettings
 from broker.store import Store
 
@@ -173,6 +175,7 @@ class PlacementLoop(PollingLoop):
         self._source = "custom" if action_fn is not None else "fixed"
         self._catalog = catalog
         self._policy = policy
+        self.quarantine = Quarantine()  # clusters with absurd numbers stay out (sanity.py)
         self.last_plan: EpochPlan | None = None
         self.ticks = 0
 
@@ -185,7 +188,7 @@ class PlacementLoop(PollingLoop):
             pending = await uow.workloads.list_pending(limit=self._settings.batch_max)
             if not pending:
                 return None
-            clusters = await uow.clusters.list()
+            clusters = await self.quarantine.screen(uow, await uow.clusters.list())
             running = await uow.placements.list_active()
             committed = await uow.workloads.get_many([r.placement.workload_id for r in running])
             tenants = await uow.tenants.list()
@@ -274,7 +277,7 @@ async def whatif_for_placement(store: Store, settings: PlacementSettings, placem
     async with store.unit() as uow:
         rec = await uow.placements.get(placement_id, tenant=tenant)
         wrec = await uow.workloads.get(rec.placement.workload_id, tenant=tenant)
-        clusters = await uow.clusters.list()
+        clusters = partition(await uow.clusters.list())[0]
         running = [r.placement for r in await uow.placements.list_active()
                    if r.id != placement_id]
         tenants = await uow.tenants.list()
