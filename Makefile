@@ -1,11 +1,13 @@
 # The two set-up commands: `make demo` runs skyfed, `make test` passes the tests.
-# Both create .venv and install what they need on a fresh machine.
+# Both create .venv and install what they need on a fresh machine; `make test` also
+# installs Prometheus, Chromium and chromium-driver with apt-get when they are missing
+# (scripts/test_tools.sh), so no test skips for a missing tool.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration install clean catalog scenarios
+.PHONY: demo test test-tools lint unit integration install clean catalog scenarios
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +27,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+test-tools:
+	bash scripts/test_tools.sh
+
+test: lint test-tools
 	$(BIN)/python -m pytest -q
 
 unit: $(STAMP)

@@ -1,6 +1,7 @@
 """Telemetry's Prometheus path against a real Prometheus server scraping a tiny exporter.
 
-Needs the `prometheus` binary (Debian package `prometheus`); CI installs it in .ci/run.
+Needs the `prometheus` binary (Debian package `prometheus`); `make test` installs it
+(scripts/test_tools.sh).
 FACTS.md: the first query result arrives ~6 s after start even with a 1 s scrape interval.
 """
 
