@@ -33,7 +33,7 @@ from schemathesis import checks as st_checks
 from schemathesis.core.failures import FailureGroup
 from schemathesis.python import asgi as st_asgi
 
-from broker.app import build_services, create_app, ensure_admin_token
+from broker.app import build_runtime, create_app, ensure_admin_token
 from broker.settings import load_settings
 from broker.store import migrate
 
@@ -81,15 +81,15 @@ def fuzz_app(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     asyncio.run(migrate.upgrade(url))
     settings = load_settings(store={"url": url}, data_dir=tmp_path_factory.mktemp("fuzz"),
                              api={"admin_token": ADMIN})
-    services = build_services(settings)
+    rt = build_runtime(settings)
 
     async def startup() -> dict[str, str]:
-        await ensure_admin_token(services)
-        async with services.store.unit() as uow:
+        await ensure_admin_token(rt)
+        async with rt.store.unit() as uow:
             _, tenant = await uow.tokens.create(tenant="fuzz-tenant")
         return {"admin": ADMIN, "tenant": tenant}
 
-    app = _Lifespan(create_app(services), startup, services.store.close)
+    app = _Lifespan(create_app(rt), startup, rt.store.close)
     try:
         yield app
     finally:

@@ -21,16 +21,16 @@ CLUSTER = ('{"name": "cheap", "provider": "onprem", "region": "lab", "quotaVcpu"
            '"nodes": 1, "maxNodes": 2, "priceUsdPerHour": %s}]}')
 
 
-def _store(api: Api) -> Any:
-    return api.client._transport.app.state.services.store  # type: ignore[attr-defined]
+def _store(client: Api) -> Any:
+    return client.client._transport.app.state.runtime.store  # type: ignore[attr-defined]
 
 
 def _locs(r: Any) -> list[list[Any]]:
     return [e["loc"] for e in r.json().get("errors", [])]
 
 
-async def _count(api: Api, path: str) -> int:
-    r = await api.client.get(path, headers=api.admin)
+async def _count(client: Api, path: str) -> int:
+    r = await client.client.get(path, headers=client.admin)
     assert r.status_code == 200, r.text
     return len(r.json()["items"])
 
@@ -129,7 +129,8 @@ async def test_finding3_rows_an_older_version_stored_still_list(api: Api) -> Non
         assert item["spec"]["durationS"] == 10 * 365 * 86_400  # broker.limits.DURATION_S_MAX
         assert "durationS" in item["sanitized"]
         one = await api.client.get(f"/v1/workloads/{wid}", headers=who)
-        assert one.status_code == 200 and one.json()["sanitized"] == item["sanitized"]
+        assert one.status_code == 200
+        assert one.json()["sanitized"] == item["sanitized"]
     for who in (api.alice, api.bob, api.admin):
         events = await api.client.get("/v1/events", headers=who)
         assert events.status_code == 200, events.text

@@ -55,7 +55,7 @@ def test_finding7_a_missing_browser_fails_the_test_instead_of_skipping(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(BaseException) as outcome:  # a skip is an exception too
+    with pytest.raises(BaseException) as outcome:  # noqa: PT011 - a skip is an exception too
         test_dashboard_chromium._need_browser()
     assert outcome.type is pytest.fail.Exception, f"{outcome.type.__name__}: {outcome.value}"
     assert "apt-get install -y chromium chromium-driver" in str(outcome.value)
