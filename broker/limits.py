@@ -32,10 +32,12 @@ from typing import Any
 from broker.domain import Resources, WorkloadSpec
 
 __all__ = [
+    "ARG_CHARS_MAX",
     "BUDGET_USD_PER_HOUR_MAX",
     "CPU_MAX",
     "DATA_GB_MAX",
     "DURATION_S_MAX",
+    "ENV_MAX",
     "GPU_MAX",
     "IMAGE_GB_MAX",
     "JSON_DEPTH_MAX",
@@ -81,6 +83,8 @@ PRIORITY_MAX = 1000
 JSON_INT_MAX = 2**53
 JSON_DEPTH_MAX = 16
 JSON_ITEMS_MAX = 10_000
+ENV_MAX = 1000  # entries of `env`, arguments of `command`
+ARG_CHARS_MAX = 32_768  # one env value or command argument
 
 # No C0 control character and no DEL (NUL included: PostgreSQL refuses it in text and jsonb).
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
@@ -236,4 +240,12 @@ def clip_spec(spec: WorkloadSpec) -> tuple[WorkloadSpec, list[str]]:
         priority=int(clip("priority", spec.priority, -PRIORITY_MAX, PRIORITY_MAX)),
         budget_usd_per_hour=clip_opt("budgetUsdPerHour", spec.budget_usd_per_hour, 0.0,
                                      BUDGET_USD_PER_HOUR_MAX))
+    # env and command travel to edge agents in bounded MQTT models (edge_agent.protocol)
+    env = {k: v[:ARG_CHARS_MAX] for k, v in list(spec.env.items())[:ENV_MAX]}
+    command = tuple(a[:ARG_CHARS_MAX] for a in spec.command[:ENV_MAX])
+    if env != dict(spec.env):
+        changed.append("env")
+    if command != spec.command:
+        changed.append("command")
+    out = replace(out, env=env, command=command)
     return (out, changed) if changed else (spec, [])

@@ -130,9 +130,9 @@ def _map_schema(max_items: int, value_max: int, value_pattern: str) -> WithJsonS
 
 
 Labels = Annotated[dict[Key, Label], Field(max_length=64), _map_schema(64, 253, TEXT)]
-EnvValue = Annotated[str, Field(max_length=32_768, pattern=lim.MULTILINE_PATTERN)]
-Env = Annotated[dict[Key, EnvValue], Field(max_length=1000),
-                _map_schema(1000, 32_768, lim.MULTILINE_PATTERN)]
+EnvValue = Annotated[str, Field(max_length=lim.ARG_CHARS_MAX, pattern=lim.MULTILINE_PATTERN)]
+Env = Annotated[dict[Key, EnvValue], Field(max_length=lim.ENV_MAX),
+                _map_schema(lim.ENV_MAX, lim.ARG_CHARS_MAX, lim.MULTILINE_PATTERN)]
 Short = Annotated[str, Field(min_length=1, max_length=128, pattern=TEXT)]
 # Free-form extension data, kept verbatim (`broker.limits.check_json`).
 Attrs = Annotated[dict[str, Any] | None, AfterValidator(_json_ok), Field(
@@ -196,7 +196,7 @@ class WorkloadSpecIn(_Model):
                                               le=lim.BUDGET_USD_PER_HOUR_MAX)
     spot_ok: bool = True
     env: Env = Field(default_factory=dict)
-    command: list[EnvValue] = Field(default_factory=list, max_length=1000)
+    command: list[EnvValue] = Field(default_factory=list, max_length=lim.ENV_MAX)
 
     _ms = field_validator("latency_slo_ms", "duration_s")(classmethod(_resolution(3)))
     _usd = field_validator("budget_usd_per_hour")(classmethod(_resolution(6)))

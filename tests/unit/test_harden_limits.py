@@ -33,6 +33,7 @@ from broker.placement.planner import PlannerConfig, plan_epoch
 from broker.placement.sanity import partition
 from broker.store.engine import mapped_errors
 from broker.store.mapping import read_spec, spec_to_json
+from edge_agent.protocol import ServiceSpec
 
 
 def _request() -> Request:
@@ -84,13 +85,18 @@ def test_read_spec_clips_an_old_row_to_todays_limits() -> None:
     spec = WorkloadSpec(name="old", kind=WorkloadKind.BATCH, image="x", replicas=1,
                         resources=Resources(1, 1, 0))
     raw = spec_to_json(spec) | {"duration_s": 10**300, "budget_usd_per_hour": 10**400,
-                                "replicas": 10**30, "env": {"K": "v\u0000"}}
+                                "replicas": 10**30, "env": {"K": "v\u0000"},
+                                "command": ["x" * 40_000] * 1200}
     repaired, changed = read_spec(raw)
     assert repaired.duration_s == lim.DURATION_S_MAX
     assert repaired.budget_usd_per_hour == lim.BUDGET_USD_PER_HOUR_MAX
     assert repaired.replicas == lim.REPLICAS_MAX
     assert repaired.env == {"K": "v\ufffd"}
-    assert {"durationS", "budgetUsdPerHour", "replicas", "env.K"} <= set(changed)
+    assert len(repaired.command) == lim.ENV_MAX
+    assert {len(a) for a in repaired.command} == {lim.ARG_CHARS_MAX}
+    # what an edge agent is sent from it fits the MQTT model
+    ServiceSpec(name="w-1", command=repaired.command, env=dict(repaired.env))
+    assert {"durationS", "budgetUsdPerHour", "replicas", "env.K", "command"} <= set(changed)
     assert read_spec(spec_to_json(spec)) == (spec, [])
 
 
@@ -166,3 +172,16 @@ def test_the_planner_never_overflows_on_validated_input(snapshot: FederationSnap
     for p in plan.placements:
         assert math.isfinite(p.cost_usd_per_hour)
     assert partition(snapshot.clusters)[1] == {}  # validated input is always fit to plan
+
+
+def test_the_mqtt_models_keep_the_same_text_and_size_rules_as_the_api() -> None:
+    """edge_agent may not import broker, so protocol.py keeps its own copy of the rules
+    that a workload's env and command must pass on their way to an agent."""
+    schema = ServiceSpec.model_json_schema()
+    command, env = schema["properties"]["command"], schema["properties"]["env"]
+    assert command["maxItems"] == env["maxProperties"] == lim.ENV_MAX
+    assert command["items"]["maxLength"] == lim.ARG_CHARS_MAX
+    assert command["items"]["pattern"] == lim.MULTILINE_PATTERN
+    (value,) = env["patternProperties"].values()
+    assert value["maxLength"] == lim.ARG_CHARS_MAX
+    assert value["pattern"] == lim.MULTILINE_PATTERN
