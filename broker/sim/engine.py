@@ -39,6 +39,7 @@ from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.sim import physics
 from broker.sim.metrics import Metrics
 from broker.sim.network import cluster_rtt_ms, data_move, user_rtt_table
+from broker.sim.realize import TwinNoise, realize
 from broker.sim.scenario import CatalogLike, FaultSpec, Scenario
 from broker.sim.snapshot import build_snapshot
 from broker.sim.state import CapacityError, Group, Node, SimCluster, SimPool, WorkloadState
@@ -70,6 +71,8 @@ class SimConfig:
     check_invariants: bool = False
     # EWMA time constant of the per-pool demand rate used by the prewarm forecast.
     demand_tau_s: float = 900.0
+    # The twin's random parts (arrival jitter, duration noise) of run `scenario.seed`.
+    noise: TwinNoise = field(default_factory=TwinNoise)
 
 
 def default_planner() -> PlannerFn:
@@ -92,6 +95,8 @@ class Engine:
             raise ValueError(f"unknown policy {config.policy!r} (choose from {POLICIES})")
         if config.policy == "lp+rl" and controller is None:
             raise ValueError("policy 'lp+rl' needs a controller (the RL policy)")
+        # This seed's events: jittered arrivals, actual run times, predicted run times.
+        scenario = realize(scenario, config.noise)
         self.scenario = scenario
         self.catalog = catalog
         self.config = config

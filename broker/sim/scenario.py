@@ -48,7 +48,7 @@ from providers.errors import NotFoundError
 
 __all__ = [
     "REQUIRED_TRACE_COLUMNS", "TRACE_COLUMNS", "TRACE_KINDS", "CatalogLike", "ClusterSpec",
-    "Defaults", "FaultSpec", "PoolSpec", "Scenario", "ScenarioError", "TraceEvent",
+    "Defaults", "FaultSpec", "PoolSpec", "Realization", "Scenario", "ScenarioError", "TraceEvent",
     "UserRegionSpec", "load_scenario", "load_trace", "parse_scenario", "parse_trace",
 ]
 
@@ -136,6 +136,17 @@ class FaultSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Realization:
+    """Marks a Scenario whose events are one seeded run's (broker/sim/realize.py)."""
+
+    seed: int
+    arrival_jitter_s: float
+    duration_sigma: float
+    duration_prediction_mape: float | None  # over the trace's batch/train jobs; None if none
+    jobs: int  # batch/train events with a run time (the MAPE's sample)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     seed: int
@@ -148,6 +159,7 @@ class Scenario:
     events: tuple[TraceEvent, ...]
     source: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    realization: Realization | None = None  # None: the trace as written, not yet realized
 
     def cluster(self, name: str) -> ClusterSpec:
         for c in self.clusters:

@@ -25,7 +25,10 @@ from broker.sim.state import SimCluster, WorkloadState
 
 
 def pending_workload(ws: WorkloadState) -> Workload:
-    """A workload asking for its still-pending replicas (same id: placements refer to it)."""
+    """A workload asking for its still-pending replicas (same id: placements refer to it).
+
+    Its run time is the predictor's estimate at submission (realize.py), never the trace's.
+    """
     ev = ws.ev
     data = (DataSource(size_gb=ev.data_gb, location=ev.data_region),) if (
         ev.data_gb > 0 and ev.data_region) else ()
@@ -33,7 +36,7 @@ def pending_workload(ws: WorkloadState) -> Workload:
         name=ev.id, kind=WorkloadKind(ev.kind), image=f"sim/{ev.id}", replicas=ws.pending,
         resources=Resources(ev.cpu, ev.memory_gib, ev.gpu), gpu_model=ev.gpu_model,
         user_region=ev.user_region, latency_slo_ms=ev.latency_slo_ms, data=data,
-        image_gb=ev.image_gb, duration_s=ev.duration_s, priority=ev.priority)
+        image_gb=ev.image_gb, duration_s=ev.predicted_duration_s, priority=ev.priority)
     return Workload(id=ev.id, tenant=ev.tenant, spec=spec, submitted_s=ev.submit_s)
 
 

@@ -14,6 +14,7 @@ import pytest
 from broker.domain import PolicyAction
 from broker.sim import physics
 from broker.sim.engine import Engine, SimConfig
+from broker.sim.realize import TwinNoise
 from broker.sim.scenario import Scenario, parse_scenario, parse_trace
 from broker.sim.whatif import with_whatif
 from tests.unit.test_twin_scenario import FakeCatalog
@@ -45,8 +46,11 @@ def doc(*, nodes: int = 1, max_nodes: int = 1, horizon_s: float = 3600.0,
     }
 
 
-def run(scn: Scenario, policy: str = "lp") -> tuple[dict[str, object], Engine]:
-    eng = Engine(scn, FakeCatalog(), SimConfig(policy=policy, check_invariants=True))
+def run(scn: Scenario, policy: str = "lp",
+        noise: TwinNoise | None = None) -> tuple[dict[str, object], Engine]:
+    """Noise off by default: these tests compute their expected numbers from the trace."""
+    eng = Engine(scn, FakeCatalog(), SimConfig(policy=policy, check_invariants=True,
+                                               noise=noise or TwinNoise.off()))
     return eng.run(), eng
 
 
@@ -94,8 +98,8 @@ def test_determinism_same_seed_same_metrics() -> None:
     trace = "".join(f"j{i},{i * 40},batch,2,1,1,0,{300 + i},,,0,,0.5\n" for i in range(20))
     scn = scenario(doc(nodes=0, max_nodes=5, faults=[
         {"at_s": 500.0, "target": "c1", "kind": "spot_reclaim", "nodes": 1}], spot=True), trace)
-    a, _ = run(scn)
-    b, _ = run(scn)
+    a, _ = run(scn, noise=TwinNoise())
+    b, _ = run(scn, noise=TwinNoise())
     a.pop("decision_ms_p99")
     b.pop("decision_ms_p99")
     assert a == b

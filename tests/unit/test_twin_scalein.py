@@ -45,7 +45,9 @@ def test_baseline_totals_replay_fixed_weight_lp() -> None:
     trace = "".join(f"j{i},{i * 200},batch,2,1,1,0,600,,,0,,0\n" for i in range(8))
     scn = scenario(doc(nodes=1, max_nodes=6, horizon_s=2400.0), trace)
     ts, tot = baseline_totals(scn, FakeCatalog(), 300.0)
-    lp, _ = run(scn, "lp")
+    from broker.sim.realize import TwinNoise
+
+    lp, _ = run(scn, "lp", noise=TwinNoise())  # the defaults baseline_totals runs with
     assert list(ts) == sorted(ts)
     assert ts[-1] == 2400.0
     assert all(b >= a - 1e-9 for a, b in zip(tot[:-1, 0], tot[1:, 0], strict=True))
