@@ -49,7 +49,8 @@ def test_seeds_vary_the_random_parts_and_keep_the_trace() -> None:
     assert dur_a != dur_b
     # Same seed, same run; the input scenario is not touched.
     assert realize(with_seed(scn, 1)).events == a.events
-    assert scn.realization is None and all(e.predicted_duration_s is None for e in scn.events)
+    assert scn.realization is None
+    assert all(e.predicted_duration_s is None for e in scn.events)
     # Realizing twice does not jitter twice.
     assert realize(a) is a
 
