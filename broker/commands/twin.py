@@ -65,8 +65,12 @@ def sim(
             r.policy = f"{policy} ({label})" if whatif else policy
             results.append(r)
     if as_json:
-        doc: dict[str, object] = {"scenario": scn.name, "seed": scn.seed, "policy": policy,
-                                  "metrics": results[0].metrics}
+        eng = results[0].engine
+        real = eng.scenario.realization if eng is not None else None
+        doc: dict[str, object] = {
+            "scenario": scn.name, "seed": scn.seed, "policy": policy,
+            "duration_prediction_mape": real.duration_prediction_mape if real else None,
+            "metrics": results[0].metrics}
         if whatif:
             doc["whatif"] = {"change": whatif, "metrics": results[1].metrics,
                              "delta": _delta(results[0].metrics, results[1].metrics)}

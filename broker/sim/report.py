@@ -11,6 +11,7 @@ from rich.table import Table
 
 from broker.sim.metrics import METRIC_KEYS
 from broker.sim.runner import RunResult
+from broker.sim.stats import PolicySummary
 
 
 def _cell(v: object) -> str:
@@ -39,14 +40,71 @@ def print_results(console: Console, title: str, results: Sequence[RunResult]) ->
             console.print(f"[yellow]note[/] {r.policy}: {note}")
 
 
-def bench_json(scenario: str, seed: int, results: Sequence[RunResult]) -> str:
+def seeds_table(title: str, summaries: Mapping[str, PolicySummary], seeds: int) -> Table:
+    """Metrics as rows, policies as columns: mean, and +- the 95 % half-width over seeds."""
+    t = Table(title=title)
+    t.add_column("metric", style="bold")
+    for name in summaries:
+        t.add_column(name, justify="right")
+    for k in METRIC_KEYS:
+        row = []
+        for s in summaries.values():
+            cell = _cell(s.mean.get(k))
+            ci = s.ci95.get(k)
+            mean = s.mean.get(k)
+            if ci is not None and isinstance(mean, int | float):
+                cell += f" ± {_cell(float(ci[1]) - float(mean))}"
+            row.append(cell)
+        t.add_row(k, *row)
+    if seeds > 1:
+        t.caption = ("± = half-width of the Student-t 95 % interval over "
+                     f"{seeds} seeds; 'better' = paired-t 95 % interval of the difference")
+    return t
+
+
+def better_lines(summaries: Mapping[str, PolicySummary]) -> list[str]:
+    """"lp better than greedy on cost_usd, ..." per policy (stats.better, paired-t)."""
+    lines = []
+    for name, s in summaries.items():
+        parts = [f"{metric} ({', '.join(others)})" for metric, others in s.better_than.items()]
+        lines.append(f"{name} better than: " + ("; ".join(parts) if parts else "-"))
+    return lines
+
+
+def print_seeds(console: Console, title: str, summaries: Mapping[str, PolicySummary],
+                seeds: int, notes: Mapping[str, Sequence[str]],
+                duration_mape: float | None) -> None:
+    console.print(seeds_table(title, summaries, seeds))
+    mape = "-" if duration_mape is None else f"{duration_mape:.3f}"
+    console.print(f"duration_prediction_mape: {mape} (same predictions for every policy)")
+    if seeds > 1:
+        for line in better_lines(summaries):
+            console.print(line)
+    for policy, ns in notes.items():
+        for note in ns:
+            console.print(f"[yellow]note[/] {policy}: {note}")
+
+
+def bench_json(scenario: str, seeds: Sequence[int], summaries: Mapping[str, PolicySummary],
+               notes: Mapping[str, Sequence[str]], duration_mape: float | None) -> str:
+    """SCENARIO.md's `bench twin --json`: every metric key as before (the mean over seeds),
+    plus `seeds`, `duration_prediction_mape` and, with more than one seed, `ci95`,
+    `better_than` and `per_seed` per policy."""
+    policies: dict[str, dict[str, object]] = {}
+    for name, s in summaries.items():
+        entry: dict[str, object] = dict(s.mean)
+        if len(seeds) > 1:
+            entry["ci95"] = s.ci95
+            entry["better_than"] = s.better_than
+            entry["per_seed"] = s.per_seed
+        policies[name] = entry
     doc: dict[str, object] = {
-        "scenario": scenario, "seed": seed,
-        "policies": {r.policy: r.metrics for r in results},
+        "scenario": scenario, "seed": seeds[0], "seeds": list(seeds),
+        "duration_prediction_mape": None if duration_mape is None else round(duration_mape, 4),
+        "policies": policies,
     }
-    notes = {r.policy: r.notes for r in results if r.notes}
-    if notes:
-        doc["notes"] = notes
+    if any(notes.values()):
+        doc["notes"] = {k: list(v) for k, v in notes.items() if v}
     return json.dumps(doc, indent=2)
 
 

@@ -69,3 +69,44 @@ def test_sim_whatif_and_errors(tmp_path: Path) -> None:
     out = skyfed("sim", str(bad), "--no-progress")
     assert out.returncode == 2
     assert "unknown key 'bogus'" in out.stderr
+
+
+def test_bench_twin_seeds_report_intervals_and_comparisons(tmp_path: Path) -> None:
+    scn = tiny(tmp_path)
+    out = skyfed("bench", "twin", "--scenario", str(scn), "--json", "--no-progress",
+                 "--seeds", "3", "--policies", "lp,traditional")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["seed"], doc["seeds"]) == (5, [5, 6, 7])
+    assert 0.0 < doc["duration_prediction_mape"] < 10.0
+    assert set(doc["policies"]) == {"lp", "traditional"}
+    lp = doc["policies"]["lp"]
+    assert set(METRIC_KEYS) <= set(lp)
+    for key in METRIC_KEYS:
+        values = lp["per_seed"][key]
+        assert len(values) == 3
+        if all(isinstance(v, int | float) for v in values):
+            low, high = lp["ci95"][key]
+            assert low <= lp[key] <= high
+            assert lp[key] == pytest.approx(sum(values) / 3, abs=1e-5)
+    # Seeds move the twin's random parts: some metric differs between seeds.
+    assert any(len(set(map(str, lp["per_seed"][k]))) > 1 for k in METRIC_KEYS
+               if k != "decision_ms_p99")
+    # better_than only names policies of this run and is paired-t (checked in unit tests).
+    for entry in doc["policies"].values():
+        for beaten in entry["better_than"].values():
+            assert set(beaten) <= {"lp", "traditional"}
+    # The table form, in-process (--jobs 1).
+    table = skyfed("bench", "twin", "--scenario", str(scn), "--no-progress", "--seeds", "2",
+                   "--policies", "greedy", "--jobs", "1")
+    assert table.returncode == 0, table.stderr
+    assert "±" in table.stdout
+    assert "duration_prediction_mape" in table.stdout
+
+
+def test_bench_twin_unknown_policy_lists_the_known_ones(tmp_path: Path) -> None:
+    out = skyfed("bench", "twin", "--scenario", str(tiny(tmp_path)), "--policies",
+                 "lp,karpenter")
+    assert out.returncode == 2
+    assert "unknown karpenter" in out.stderr
+    assert "known policies: traditional, greedy, lp, lp+rl" in out.stderr
