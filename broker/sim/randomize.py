@@ -30,6 +30,8 @@ from providers.catalog import Catalog
 class Draft:
     doc: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # Written as `# ` comment lines at the top of scenario.toml: sources, rounding, sizes.
+    notes: list[str] = field(default_factory=list)
 
     def trace_csv(self) -> str:
         buf = io.StringIO()
@@ -51,7 +53,8 @@ class Draft:
         trace_name = "trace.csv.gz" if gz else "trace.csv"
         doc = dict(self.doc)
         doc["workloads"] = {"trace": trace_name}
-        (directory / "scenario.toml").write_text(to_toml(doc), encoding="utf-8")
+        header = "".join(f"# {line}".rstrip() + "\n" for line in self.notes)
+        (directory / "scenario.toml").write_text(header + to_toml(doc), encoding="utf-8")
         data = self.trace_csv().encode()
         if gz:
             (directory / trace_name).write_bytes(gzip.compress(data, mtime=0))

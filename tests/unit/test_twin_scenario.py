@@ -208,7 +208,9 @@ def test_missing_files_and_bad_toml(tmp_path: Path) -> None:
 def test_draft_roundtrip_writes_what_it_parses(tmp_path: Path) -> None:
     draft = Draft(doc=base_doc(), rows=[{"id": "a", "submit_s": 0.0, "kind": "batch",
                                          "replicas": 2, "cpu": 1.0, "memory_gib": 1.0,
-                                         "duration_s": 60.0}])
+                                         "duration_s": 60.0}],
+                  notes=["Source: a test.", "GPUs: none to round."])
     path = draft.write(tmp_path / "d")
+    assert path.read_text().startswith("# Source: a test.\n# GPUs: none to round.\n")
     scn = load_scenario(path, FakeCatalog())
     assert scn.events == draft.to_scenario(FakeCatalog()).events  # type: ignore[arg-type]
