@@ -1,27 +1,35 @@
 """Build the shipped twin scenarios under config/scenarios/ from real data in shared/data.
 
     .venv/bin/python scripts/build_scenarios.py [--data ../shared/data] [--out config/scenarios]
+        [--only NAME ...]
 
-Writes, each as `<name>/scenario.toml` + `<name>/trace.csv.gz` (SCENARIO.md format):
+Writes, each as `<name>/scenario.toml` + `<name>/trace.csv.gz` (SCENARIO.md format), with
+its sources, sizes and conversions noted as comments at the top of scenario.toml. No
+scenario compresses time: arrivals and run times are at the traces' own pace.
 
-- retail-peak: AWS us-east-1, GCP us-central1, Azure eastus + two edge sites at AWS Local
-  Zone metros (edge/aws_local_and_wavelength_zones_2023-06_latlon.csv). Demand shape: the
-  Azure Functions 2019 per-minute invocation counts (traces/azure_functions, 1,000-function
-  sample): the 40 busiest functions become services whose replica count follows their
-  invocations (one replica per REQS_PER_REPLICA_PER_MIN, re-evaluated every 10 min -> `scale`
-  events), memory from the same sample's AverageAllocatedMb; batch jobs arrive in proportion to
-  the aggregate invocation curve. The 24 h day is compressed into 6 h (x4).
-- gpu-training: GPU pools of the three clouds (A100 NVSwitch, V100 NVLink, T4 PCIe) fed by the
-  Alibaba GPU 2023 pod list (traces/alibaba_gpu_v2023/openb_pod_list_default.csv): GPU pods of
-  the busiest 48 h window, their CPU/memory/GPU requests and run times (deletion - scheduled,
-  clipped to 60 s..6 h), time compressed x4 into 12 h. Fractional GPUs (gpu_milli < 1000) are
-  rounded up to one whole GPU. The trace has no data sizes: each job reads DATA_GB_PER_JOB from
-  its tenant's home region (an assumption, documented in docs/twin.md).
-- edge-heavy: 16 real Optus base stations in Melbourne CBD (EUA dataset,
+- retail-peak (6 h): AWS us-east-1, GCP us-central1, Azure eastus + two edge sites at AWS
+  Local Zone metros (edge/aws_local_and_wavelength_zones_2023-06_latlon.csv). Services: the
+  40 busiest functions of the Azure Functions 2019 sample (traces/azure_functions) over the
+  real 6-hour window with the most invocations; replicas per 10-minute window =
+  ceil(busiest minute's invocations / REQS_PER_REPLICA_PER_MIN) (-> `scale` events), memory
+  from the same sample's AverageAllocatedMb. Batch jobs arrive in proportion to the aggregate
+  invocation curve (synthetic sizes and run times: no public per-job CPU trace is in data/).
+- gpu-training (24 h): GPU pools of the three clouds (A100 NVSwitch, V100 NVLink, T4 PCIe)
+  fed by the Alibaba GPU 2023 pod list (traces/alibaba_gpu_v2023/openb_pod_list_default.csv):
+  the GPU pods of the real 24-hour window with the most multi-GPU pods, at their real
+  creation times, with their CPU/memory requests and run times (deletion - scheduled,
+  clipped to 60 s..6 h: pods still running at the trace's end have no known end).
+  Fractional GPUs (gpu_milli < 1000) are rounded up to whole GPUs, as Kubernetes'
+  integer `nvidia.com/gpu` requires (broker/sim/sources.py::kube_gpus). The trace has no
+  data sizes: each job reads DATA_GB_PER_JOB x GPUs from its tenant's home region (an
+  assumption, documented in docs/twin.md).
+- edge-heavy (3 h): 16 real Optus base stations in Melbourne CBD (EUA dataset,
   edge/eua_edge_servers_optus_melbcbd.csv) as MEC sites, users from the EUA generated user
-  locations grouped into 8 regions, Sydney/Melbourne cloud regions behind them; latency-bound
-  services (10-20 ms SLO) with scale events shaped like the Azure Functions curve; faults: a
-  site outage and a partition.
+  locations grouped into 8 regions, Sydney/Melbourne cloud regions behind them;
+  latency-bound services (10-20 ms SLO) following the 30 busiest Azure Functions over the
+  real 3-hour window with the most invocations; faults: a site outage and a partition.
+- federation-day (24 h, 53 clusters, ~3,900 nodes at t=0, ~21,300 events): see
+  scripts/federation_day.py.
 
 Prices, node shapes and region coordinates come from the catalog (providers/catalog.py).
 Deterministic: fixed seeds; re-running gives the same files.
@@ -39,12 +47,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.sim.randomize import Draft, random_draft
+from federation_day import federation_day
+
+from broker.sim.randomize import Draft
+from broker.sim.sources import kube_gpus
 from providers.catalog import Catalog
 
 REQS_PER_REPLICA_PER_MIN = 150.0
 DATA_GB_PER_JOB = 20.0
-COMPRESS = 4.0
+# Batch jobs per minute when the aggregate invocation curve is at its daily peak (retail-peak).
+BATCH_PER_MIN_AT_PEAK = 8.0
 
 
 def _read_gz_csv(path: Path) -> list[dict[str, str]]:
@@ -60,24 +72,33 @@ def _functions(data: Path) -> tuple[list[list[int]], dict[str, float], list[dict
     return series, mem_by_app, inv
 
 
+def _busiest_window(series: list[list[int]], count: int, minutes: int) -> tuple[list[int], int]:
+    """The `count` busiest functions of the day and the start minute of the `minutes`-long
+    window (on 10-minute marks) in which they are invoked the most together."""
+    order = sorted(range(len(series)), key=lambda i: -sum(series[i]))[:count]
+    total = [sum(series[i][m] for i in order) for m in range(1440)]
+    start = max(range(0, 1440 - minutes + 1, 10),
+                key=lambda m0: (sum(total[m0:m0 + minutes]), -m0))
+    return order, start
+
+
 def _service_rows(rng: random.Random, series: list[list[int]], apps: list[str],
                   mem_by_app: dict[str, float], users: list[str], *, prefix: str,
-                  count: int, slo: tuple[float, ...], compress: float,
+                  count: int, slo: tuple[float, ...], window: tuple[int, int],
                   per_replica: float) -> list[dict[str, object]]:
+    """Services replaying `window` = (first minute, minutes) of the day at real time."""
     order = sorted(range(len(series)), key=lambda i: -sum(series[i]))[:count]
+    m0, minutes = window
     rows: list[dict[str, object]] = []
     for k, i in enumerate(order):
         s = series[i]
         sid = f"{prefix}-{k:02d}"
         mem_gib = max(0.5, round(mem_by_app.get(apps[i], 512.0) / 1024.0, 2))
-        first = None
         last_rep = 0
-        for start in range(0, 1440, 10):
-            rate = max(s[start:start + 10]) if s[start:start + 10] else 0
-            rep = max(1, math.ceil(rate / per_replica))
-            t = round(start * 60 / compress, 1)
-            if first is None:
-                first = t
+        for start in range(m0, m0 + minutes, 10):
+            rep = max(1, math.ceil(max(s[start:start + 10]) / per_replica))
+            t = float((start - m0) * 60)
+            if start == m0:
                 rows.append({"id": sid, "submit_s": t, "tenant": f"shop-{k % 6}",
                              "kind": "service", "replicas": rep, "cpu": 1.0,
                              "memory_gib": mem_gib, "user_region": rng.choice(users),
@@ -95,17 +116,18 @@ def retail_peak(data: Path) -> Draft:
     series, mem_by_app, inv = _functions(data)
     apps = [r["HashApp"] for r in inv]
     users = ["new-york", "chicago", "los-angeles", "dallas"]
+    _, m0 = _busiest_window(series, 40, 360)
     rows = _service_rows(rng, series, apps, mem_by_app, users, prefix="svc", count=40,
-                         slo=(60.0, 80.0, 100.0), compress=COMPRESS,
+                         slo=(60.0, 80.0, 100.0), window=(m0, 360),
                          per_replica=REQS_PER_REPLICA_PER_MIN)
     total = [sum(s[m] for s in series) for m in range(1440)]
     peak = max(total)
     n = 0
-    for m in range(1440):
-        for _ in range(int(rng.random() + 2.0 * total[m] / peak)):
+    for m in range(m0, m0 + 360):
+        for _ in range(int(rng.random() + BATCH_PER_MIN_AT_PEAK * total[m] / peak)):
             n += 1
-            rows.append({"id": f"batch-{n:05d}", "submit_s": round((m * 60 + rng.uniform(0, 60))
-                                                                   / COMPRESS, 1),
+            rows.append({"id": f"batch-{n:05d}",
+                         "submit_s": round((m - m0) * 60 + rng.uniform(0, 60), 1),
                          "tenant": f"analytics-{n % 4}", "kind": "batch",
                          "replicas": rng.randint(1, 6), "cpu": rng.choice([1.0, 2.0, 4.0]),
                          "memory_gib": rng.choice([2.0, 4.0, 8.0]),
@@ -157,24 +179,23 @@ def gpu_training(data: Path) -> Draft:
     with (data / "traces/alibaba_gpu_v2023/openb_pod_list_default.csv").open() as fh:
         pods = [r for r in csv.DictReader(fh) if int(r["num_gpu"]) >= 1
                 and r["deletion_time"] and r["scheduled_time"]]
-    window = 48 * 3600
+    window = 24 * 3600
 
-    def multi(t0: int) -> int:
-        return sum(1 for p in pods if t0 <= int(p["creation_time"]) < t0 + window
-                   and int(p["num_gpu"]) > 1)
+    def busy(t0: int) -> tuple[int, int]:
+        inside = [p for p in pods if t0 <= int(p["creation_time"]) < t0 + window]
+        return sum(1 for p in inside if int(p["num_gpu"]) > 1), len(inside)
 
     starts = sorted({int(p["creation_time"]) // 3600 * 3600 for p in pods})
-    t0 = max(starts, key=lambda s: (multi(s), -s))
+    t0 = max(starts, key=lambda s: (*busy(s), -s))
     chosen = [p for p in pods if t0 <= int(p["creation_time"]) < t0 + window]
     regions = ["aws-use1", "gcp-usc1", "azure-eus"]
     home = {f"team-{i}": rng.choice(regions) for i in range(8)}
     rows: list[dict[str, object]] = []
     for i, p in enumerate(sorted(chosen, key=lambda p: int(p["creation_time"]))):
-        gpus = int(p["num_gpu"])
+        gpus = kube_gpus(int(p["num_gpu"]), float(p["gpu_milli"] or 1000))
         run = min(6 * 3600, max(60, int(p["deletion_time"]) - int(p["scheduled_time"])))
         team = f"team-{i % 8}"
-        rows.append({"id": p["name"], "submit_s": round((int(p["creation_time"]) - t0)
-                                                        / COMPRESS, 1),
+        rows.append({"id": p["name"], "submit_s": float(int(p["creation_time"]) - t0),
                      "tenant": team, "kind": "train", "replicas": 1,
                      "cpu": round(min(int(p["cpu_milli"]) / 1000.0, 11.0 * gpus), 2),
                      "memory_gib": round(min(int(p["memory_mib"]) / 1024.0, 110.0 * gpus), 2),
@@ -182,7 +203,7 @@ def gpu_training(data: Path) -> Draft:
                      "data_gb": DATA_GB_PER_JOB * gpus, "data_region": home[team],
                      "image_gb": 8.0, "priority": 1 if p["qos"] == "LS" else 0})
     doc: dict[str, object] = {
-        "name": "gpu-training", "seed": 2, "horizon_s": 43200.0, "epoch_s": 30.0,
+        "name": "gpu-training", "seed": 2, "horizon_s": 86400.0, "epoch_s": 30.0,
         "defaults": {"provision_delay_s": 300.0, "image_pull_gbps": 2.0, "network_gbps": 25.0},
         "clusters": [
             {"name": "aws-use1", "provider": "aws", "region": "us-east-1",
@@ -239,9 +260,9 @@ def edge_heavy(data: Path) -> Draft:
                       "lon": round(sum(p[1] for p in grp) / len(grp), 5)})
     series, mem_by_app, inv = _functions(data)
     apps = [r["HashApp"] for r in inv]
+    _, m0 = _busiest_window(series, 30, 180)
     rows = _service_rows(rng, series, apps, mem_by_app, [u["name"] for u in users],
-                         prefix="ar", count=30, slo=(10.0, 15.0, 20.0),
-                         compress=COMPRESS * 2,
+                         prefix="ar", count=30, slo=(10.0, 15.0, 20.0), window=(m0, 180),
                          per_replica=REQS_PER_REPLICA_PER_MIN * 4)
     for n in range(400):
         rows.append({"id": f"ingest-{n:04d}", "submit_s": round(rng.uniform(0, 10800), 1),
@@ -264,27 +285,76 @@ def edge_heavy(data: Path) -> Draft:
     return Draft(doc=doc, rows=rows)
 
 
+NOTES = {
+    "retail-peak": [
+        "Services: the 40 busiest functions of the Azure Functions 2019 sample",
+        "(shared/data/traces/azure_functions; Shahrad et al., ATC'20; CC-BY-4.0) over the real",
+        "6-hour window with the most invocations, at real time (no compression); replicas per",
+        "10-minute window = ceil(busiest minute's invocations / 150); memory: AverageAllocatedMb.",
+        "Batch jobs: arrivals follow the aggregate invocation curve; sizes and run times are",
+        "synthetic (no public per-job CPU trace in shared/data). No GPUs.",
+    ],
+    "gpu-training": [
+        "GPU pods of the Alibaba GPU 2023 pod list (shared/data/traces/alibaba_gpu_v2023; FGD,",
+        "ATC'23) created in the real 24-hour window with the most multi-GPU pods, at their real",
+        "creation times (no compression). Run time = deletion - scheduled, clipped to 60 s..6 h",
+        "(pods still running at the trace's end have no known end). CPU and memory as requested,",
+        "capped at 11 vCPU and 110 GiB per GPU so every pod fits a node.",
+        "GPU rounding: Kubernetes requests nvidia.com/gpu in whole devices, so a fractional",
+        "request (gpu_milli < 1000: one GPU shared) is rounded up to 1 whole GPU per device.",
+        "Data: 20 GB per GPU from the team's home region (an assumption: the trace has none).",
+    ],
+    "edge-heavy": [
+        "MEC sites: 16 real Optus base stations in Melbourne CBD (EUA dataset, ICSOC'18; MIT);",
+        "users: EUA's generated user locations grouped into 8 regions. Services: the 30 busiest",
+        "Azure Functions 2019 functions over the real 3-hour window with the most invocations,",
+        "at real time (no compression); replicas = ceil(busiest minute / 600) per 10 minutes.",
+        "Ingest batch jobs: synthetic (uniform arrivals, exponential run times). No GPU jobs.",
+    ],
+    "federation-day": [
+        "Services: all 1,000 functions of the Azure Functions 2019 sample over their real day;",
+        "replicas per 10 min = invocations in flight in the busiest minute (count x mean",
+        "execution time, `run` file) / 0.5 (HPA --cpu-percent=50), one 1-vCPU replica each;",
+        "tenant = the function's owner; windows shifted by a seeded per-service phase < 600 s.",
+        "GPU training: Microsoft Philly jobs (ATC'19, via Pollux) of 2017-10-20 at real submit",
+        "and run times, tenant = virtual cluster, plus the jobs running at that midnight",
+        "(submitted at t=0 with their remaining run time). Jobs over 8 GPUs run as replicas of",
+        "<= 8 GPUs (GPUs per replica rounded up to whole GPUs). 8 vCPU + 30 GiB per GPU (median",
+        "per-GPU request of the Alibaba GPU 2023 pods, rounded down to fit 1-GPU nodes).",
+        "Data: 20 GB per GPU from the virtual cluster's home cluster (an assumption).",
+        "Clusters: 16 regions per cloud (catalog prices) + AWS Local Zone metros as edge sites;",
+        "users: 20 metros of the CloudFront edge location list. See scripts/federation_day.py.",
+    ],
+}
+BUILDERS = {"retail-peak": retail_peak, "gpu-training": gpu_training, "edge-heavy": edge_heavy}
+
+
+def size_line(draft: Draft, catalog: Catalog) -> str:
+    """Clusters, nodes at t=0 (and the most pools may grow to), events, simulated hours."""
+    scn = draft.to_scenario(catalog)  # validates against SCENARIO.md before writing
+    nodes = sum(p.nodes for c in scn.clusters for p in c.pools)
+    most = sum(p.max_nodes for c in scn.clusters for p in c.pools)
+    return (f"{scn.name}: {len(scn.clusters)} clusters, {nodes:,} nodes at t=0 (max_nodes "
+            f"{most:,}), {len(scn.events):,} events, {scn.horizon_s / 3600:g} simulated hours, "
+            f"{len(scn.faults)} faults")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--out", type=Path, default=Path("config/scenarios"))
-    ap.add_argument("--speed-out", type=Path, default=None,
-                    help="also write the speed scenario (50 clusters, 20,000 events, one day, "
-                         "randomized; not shipped: ~0.5 MB) into this folder")
+    ap.add_argument("--only", action="append", choices=[*BUILDERS, "federation-day"],
+                    help="build only this scenario (repeatable)")
     args = ap.parse_args()
     catalog = Catalog.load()
-    if args.speed_out is not None:
-        draft = random_draft(catalog, 50, n_clusters=46, n_edge=4, horizon_s=86400.0,
-                             n_events=20_000)
-        draft.doc["name"] = "speed-50x20k"
-        path = draft.write(args.speed_out)
-        print(f"{path}: 50 clusters, {len(draft.rows)} events")
-    for build in (retail_peak, gpu_training, edge_heavy):
-        draft = build(args.data)
-        scn = draft.to_scenario(catalog)  # validates against SCENARIO.md before writing
-        path = draft.write(args.out / str(draft.doc["name"]))
-        print(f"{path}: {len(scn.clusters)} clusters, {len(scn.events)} events, "
-              f"{len(scn.faults)} faults")
+    for name in args.only or [*BUILDERS, "federation-day"]:
+        draft = (federation_day(args.data, catalog) if name == "federation-day"
+                 else BUILDERS[name](args.data))
+        size = size_line(draft, catalog)
+        draft.notes = [size, "Built by scripts/build_scenarios.py from shared/data; "
+                       "see docs/twin.md.", "", *NOTES[name]]
+        path = draft.write(args.out / name)
+        print(f"{path}: {size}")
 
 
 if __name__ == "__main__":
