@@ -18,6 +18,8 @@ def _cell(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
+        if 0 < abs(v) < 0.001:  # SLO fractions: 0.000 would hide a real difference
+            return f"{v:.2g}"
         return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
     return str(v)
 
