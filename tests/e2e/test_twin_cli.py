@@ -74,21 +74,21 @@ def test_sim_whatif_and_errors(tmp_path: Path) -> None:
 def test_bench_twin_seeds_report_intervals_and_comparisons(tmp_path: Path) -> None:
     scn = tiny(tmp_path)
     out = skyfed("bench", "twin", "--scenario", str(scn), "--json", "--no-progress",
-                 "--seeds", "3", "--policies", "lp,traditional")
+                 "--seeds", "2", "--policies", "lp,traditional")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert (doc["seed"], doc["seeds"]) == (5, [5, 6, 7])
+    assert (doc["seed"], doc["seeds"]) == (5, [5, 6])
     assert 0.0 < doc["duration_prediction_mape"] < 10.0
     assert set(doc["policies"]) == {"lp", "traditional"}
     lp = doc["policies"]["lp"]
     assert set(METRIC_KEYS) <= set(lp)
     for key in METRIC_KEYS:
         values = lp["per_seed"][key]
-        assert len(values) == 3
+        assert len(values) == 2
         if all(isinstance(v, int | float) for v in values):
             low, high = lp["ci95"][key]
             assert low <= lp[key] <= high
-            assert lp[key] == pytest.approx(sum(values) / 3, abs=1e-5)
+            assert lp[key] == pytest.approx(sum(values) / 2, abs=1e-5)
     # Seeds move the twin's random parts: some metric differs between seeds.
     assert any(len(set(map(str, lp["per_seed"][k]))) > 1 for k in METRIC_KEYS
                if k != "decision_ms_p99")
