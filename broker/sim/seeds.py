@@ -106,13 +106,19 @@ def _run_parallel(scenario: Scenario, specs: Sequence[RunSpec], checkpoint: str 
                    for i, spec in enumerate(specs)}
         results: dict[int, SeedRun] = {}
         pending = set(futures)
-        while pending:
-            done, pending = cf.wait(pending, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
-            _drain(q, bars)
-            for fut in done:
-                results[futures[fut]] = fut.result()
-                if bars:
-                    bars[futures[fut]](scenario.horizon_s)
+        try:
+            while pending:
+                done, pending = cf.wait(pending, timeout=POLL_S,
+                                        return_when=cf.FIRST_COMPLETED)
+                _drain(q, bars)
+                for fut in done:
+                    results[futures[fut]] = fut.result()
+                    if bars:
+                        bars[futures[fut]](scenario.horizon_s)
+        except BaseException:
+            for fut in pending:  # a failed run or Ctrl-C: start no further runs
+                fut.cancel()
+            raise
         return [results[i] for i in range(len(specs))]
 
 

@@ -63,6 +63,7 @@ def test_sim_whatif_and_errors(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["whatif"]["change"] == "cluster=aws-use1:down@300"
+    assert doc["duration_prediction_mape"] > 0.0  # ten batch jobs, predicted and run
     assert doc["metrics"] != doc["whatif"]["metrics"]
     bad = tmp_path / "tiny" / "scenario.toml"
     bad.write_text(bad.read_text() + "\nbogus = 1\n")
