@@ -2,8 +2,9 @@
 
 The trace stays fixed; seeds `seed, seed+1, ...` vary the twin's random parts
 (broker/sim/realize.py). Every policy runs every seed, so comparisons are paired
-(broker/sim/stats.py). Several runs go to parallel processes (`--jobs`, default one per
-core, at most one per run; broker/sim/seeds.py).
+(broker/sim/stats.py). Several runs of a large scenario go to parallel processes (`--jobs`;
+default one per core, at most one per run, in-process below 2,000 events where a worker's
+start-up costs more than it saves; broker/sim/seeds.py).
 
 Policies are the engine's (`broker.sim.engine.POLICIES`): a policy added there is known
 here and in the default set, with no change to this file.
@@ -45,7 +46,8 @@ def twin(
     seed: Annotated[int | None, typer.Option(
         min=0, max=2**31 - 1, help="first seed (default: the scenario's `seed`)")] = None,
     jobs: Annotated[int | None, typer.Option(
-        min=1, max=256, help="parallel processes (default: cores, at most one per run)")
+        min=1, max=256,
+        help="parallel processes (default: cores, at most one per run; 1 under 2,000 events)")
     ] = None,
     checkpoint: Annotated[str | None, typer.Option(
         help="policy checkpoint for lp+rl (default: shipped; 'none': fixed weights)")] = None,
@@ -70,7 +72,7 @@ def twin(
         raise typer.Exit(code=2) from None
     first = scn.seed if seed is None else seed
     specs = plan_runs(names, first, seeds)
-    workers = jobs or default_jobs(len(specs))
+    workers = jobs or default_jobs(len(specs), len(scn.events))
     with stdout_to_stderr(as_json), RichProgress() as bar:
         runs = run_all(scn, specs, catalog, checkpoint=checkpoint, jobs=workers,
                        progress=bar if progress else None)

@@ -28,6 +28,7 @@ from broker.sim.runner import load_model, run_policy
 from broker.sim.scenario import CatalogLike, Scenario
 
 POLL_S = 0.2
+PARALLEL_MIN_EVENTS = 2000  # below this a run is shorter than a worker's start-up
 
 
 class ProgressSink(Protocol):
@@ -62,8 +63,16 @@ def plan_runs(policies: Sequence[str], first_seed: int, seeds: int) -> list[RunS
     return [RunSpec(p, first_seed + i) for p in policies for i in range(seeds)]
 
 
-def default_jobs(runs: int) -> int:
-    """One process per core, never more than runs (this machine: 2 cores)."""
+def default_jobs(runs: int, events: int) -> int:
+    """One process per core (this machine: 2), at most one per run, where it pays.
+
+    A worker's start-up (imports of numpy, scipy, HiGHS, torch: several seconds) is more than
+    a small scenario's run: measured 2026-11-30 on the shared 2-core machine, edge-heavy
+    (462 events) x 4 policies x 3 seeds took 51 s in-process and 80 s in two workers. So
+    scenarios under PARALLEL_MIN_EVENTS run in-process unless `--jobs` says otherwise.
+    """
+    if events < PARALLEL_MIN_EVENTS:
+        return 1
     return max(1, min(os.cpu_count() or 1, runs))
 
 

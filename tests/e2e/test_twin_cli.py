@@ -75,7 +75,7 @@ def test_sim_whatif_and_errors(tmp_path: Path) -> None:
 def test_bench_twin_seeds_report_intervals_and_comparisons(tmp_path: Path) -> None:
     scn = tiny(tmp_path)
     out = skyfed("bench", "twin", "--scenario", str(scn), "--json", "--no-progress",
-                 "--seeds", "2", "--policies", "lp,traditional")
+                 "--seeds", "2", "--policies", "lp,traditional", "--jobs", "2")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert (doc["seed"], doc["seeds"]) == (5, [5, 6])
@@ -97,9 +97,9 @@ def test_bench_twin_seeds_report_intervals_and_comparisons(tmp_path: Path) -> No
     for entry in doc["policies"].values():
         for beaten in entry["better_than"].values():
             assert set(beaten) <= {"lp", "traditional"}
-    # The table form, in-process (--jobs 1).
+    # The table form, in-process (the default for a scenario this small).
     table = skyfed("bench", "twin", "--scenario", str(scn), "--no-progress", "--seeds", "2",
-                   "--policies", "greedy", "--jobs", "1")
+                   "--policies", "greedy")
     assert table.returncode == 0, table.stderr
     assert "±" in table.stdout
     assert "duration_prediction_mape" in table.stdout

@@ -72,3 +72,17 @@ def test_summary_keeps_single_seed_values_and_adds_intervals_over_seeds() -> Non
     assert s["lp"].mean["speedup_8gpu"] == 7.0
     assert "speedup_8gpu" not in s["lp"].ci95
     assert s["lp"].per_seed["cost_usd"] == [10.0, 11.0, 12.0]
+
+
+def test_run_plan_and_process_count() -> None:
+    import os
+
+    from broker.sim.seeds import PARALLEL_MIN_EVENTS, RunSpec, default_jobs, plan_runs
+
+    assert plan_runs(["lp", "greedy"], 7, 2) == [RunSpec("lp", 7), RunSpec("lp", 8),
+                                                 RunSpec("greedy", 7), RunSpec("greedy", 8)]
+    with pytest.raises(ValueError, match="seeds"):
+        plan_runs(["lp"], 0, 0)
+    assert default_jobs(10, PARALLEL_MIN_EVENTS - 1) == 1  # small: a worker costs more
+    assert default_jobs(1, 10**6) == 1
+    assert default_jobs(10, 10**6) == min(os.cpu_count() or 1, 10)
