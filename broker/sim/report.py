@@ -65,7 +65,7 @@ def seeds_table(title: str, summaries: Mapping[str, PolicySummary], seeds: int) 
 
 
 def better_lines(summaries: Mapping[str, PolicySummary]) -> list[str]:
-    """"lp better than greedy on cost_usd, ..." per policy (stats.better, paired-t)."""
+    """One line per policy: the policies it beats, per metric (stats.better, paired-t)."""
     lines = []
     for name, s in summaries.items():
         parts = [f"{metric} ({', '.join(others)})" for metric, others in s.better_than.items()]
