@@ -232,6 +232,10 @@ class Pool:
     # Recent demand placed on this pool (EWMA rate): the prewarm/look-ahead forecast's input.
     demand_cpu_per_s: float = 0.0
     demand_gpu_per_s: float = 0.0
+    # Replicas the broker placed on this pool (active placements) and how many of them are not
+    # running yet (placed, starting or waiting for a node): the policy's queue feature.
+    replicas_placed: int = 0
+    replicas_starting: int = 0
 
     @property
     def provisioned(self) -> Resources:
@@ -368,3 +372,6 @@ class FederationSnapshot:
     # keys are `provider:region` (or cluster names). Missing pairs fall back to
     # the documented constants in broker/placement/candidates.py.
     egress_usd_per_gb: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    # Throughput between two clusters (cluster names, both orders), Gbit/s: the policy
+    # observation's edge feature (placement/observe.py). Missing pairs use its fallback.
+    bandwidth_gbps: Mapping[tuple[str, str], float] = field(default_factory=dict)

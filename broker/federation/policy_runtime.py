@@ -107,11 +107,11 @@ class PolicyRuntime:
         """
         if self.model is None or not snapshot.clusters:
             return PolicyDecision(self._fixed, self._action_record(self._fixed))
-        from broker.placement.policy import observe_snapshot
+        from broker.placement.observe import observe
 
         one_torch_thread()
         try:
-            obs = observe_snapshot(snapshot)
+            obs = observe(snapshot)
             action = replace(self.model.act(obs).action,
                              latency_weight_usd_per_ms=self._settings.latency_weight_usd_per_ms)
         except Exception as exc:  # a broken policy must not stop placement

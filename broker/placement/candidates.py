@@ -70,8 +70,6 @@ EGRESS_INTERNET_USD_PER_GB = 0.09
 # sites alike; operators set `placement.site_cost_fraction = 1.0` to charge the full amortised
 # price instead (e.g. when an idle site could be powered down or resold).
 SUNK_SITE_COST_FRACTION = 0.1
-# Fraction of a stale quota the planner dares to use (quota sync failed).
-STALE_QUOTA_FRACTION = 0.5
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
 
 
@@ -471,10 +469,10 @@ def quota_headroom(cluster: Cluster, options: Sequence[Option]) -> tuple[float |
     """vCPUs and GPUs the cluster's new nodes may still take under its provider quota.
 
     Quotas count provisioned nodes, so what is left is the quota minus what
-    the cluster's pools have now; a stale quota is trusted only to
-    STALE_QUOTA_FRACTION. None = no quota known.
+    the cluster's pools have now. The quota is taken as given: the snapshot merge
+    (placement/snapshot.py) already took what others use and, for a stale one, the
+    safety margin off. None = no quota known.
     """
-    frac = STALE_QUOTA_FRACTION if cluster.quota_stale else 1.0
     pools = [o.pool for o in options if o.cluster.name == cluster.name]
     out: list[float | None] = []
     for quota, dim in ((cluster.quota_vcpu, 0), (cluster.quota_gpu, 2)):
@@ -482,5 +480,5 @@ def quota_headroom(cluster: Cluster, options: Sequence[Option]) -> tuple[float |
             out.append(None)
             continue
         have = sum((p.node.cpu if dim == 0 else p.node.gpu) * p.nodes for p in pools)
-        out.append(max(0.0, quota * frac - have))
+        out.append(max(0.0, quota - have))
     return out[0], out[1]

@@ -12,6 +12,8 @@ its pool from the moment it is written:
     nodes'[pool] = min(max_nodes, max(observed nodes, nodes + sum(new_nodes ordered)))
 
 `max` (not `+`) because once a placement runs, the observed figure includes it.
+For the same reason the nodes a placement ordered count only while its workload is not
+running yet: by then the observed node count (driver inventory) includes them.
 Only the resources a placement requested are counted (replicas x per-replica
 request), never limits.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from broker.domain import Cluster, Placement, Pool, Resources, Workload
+from broker.domain import Cluster, Placement, Pool, Resources, Workload, WorkloadStatus
 
 
 def committed_usage(
@@ -37,7 +39,8 @@ def committed_usage(
         for a in p.assignments:
             key = (a.cluster, a.pool)
             used[key] = used.get(key, Resources()) + w.spec.resources.scale(a.replicas)
-            ordered[key] = ordered.get(key, 0) + a.new_nodes
+            if w.status is not WorkloadStatus.RUNNING:
+                ordered[key] = ordered.get(key, 0) + a.new_nodes
     return used, ordered
 
 

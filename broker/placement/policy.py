@@ -6,9 +6,10 @@ policy only outputs a `PolicyAction`:
 - the headroom ratio (share of pool capacity the LP may fill; the rest absorbs bursts),
 - the prewarm lead time (how far ahead the forecast provisions nodes).
 
-Input (`GraphObs`, built by the caller — broker/sim/observe.py in the twin, the placement loop
-live): one graph node per cluster/site with NODE_FEATURES, directed edges to each node's
-nearest neighbours carrying EDGE_FEATURES, and BATCH_FEATURES of the pending batch.
+Input (`GraphObs`, built from a FederationSnapshot by broker/placement/observe.py, the one
+observation both the live broker and the twin use): one graph node per cluster/site with
+NODE_FEATURES, directed edges to each node's nearest neighbours carrying EDGE_FEATURES, and
+BATCH_FEATURES of the pending batch.
 
 Network: a node MLP encoder, MP_ROUNDS rounds of mean-aggregated message passing written in
 plain torch (message = MLP([h_src, e]), update h += MLP([h, mean msg])), mean-pooling into a
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from broker.domain import FederationSnapshot, PolicyAction, PricingModel
+from broker.domain import PolicyAction
 
 NODE_FEATURES = (
     "free_cpu_frac", "free_gpu_frac", "price_usd_per_vcpu_hour", "spot_discount",
@@ -56,8 +57,6 @@ BIAS_MAX_USD_PER_HOUR = 0.25
 HEADROOM_MIN, HEADROOM_MAX = 0.6, 1.0
 LEAD_MAX_S = 900.0
 CHECKPOINT_VERSION = 1
-# Edge bandwidth when a snapshot carries none (Skyplane's median inter-region pair is a few Gbps).
-FALLBACK_GBPS = 2.0
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "policy_data" / "policy.pt"
 
 
@@ -331,71 +330,3 @@ def shap_values(model: ActorCritic, obs: GraphObs, background: Sequence[GraphObs
         order = np.argsort(-np.abs(values[:, j]))[:top]
         out[oname] = [(names[i], float(values[i, j])) for i in order]
     return out
-
-
-def observe_snapshot(snapshot: FederationSnapshot, *, k_neighbours: int = 4) -> GraphObs:
-    """The policy's observation from a FederationSnapshot: what the live placement loop uses.
-
-    Same features and scales as the twin's `broker/sim/observe.py`, from what a snapshot
-    carries. A snapshot has no per-cluster queue, demand-rate or booting counts, so those
-    three features are 0 here (the twin fills them); edges use `snapshot.rtt_ms` between
-    clusters when given, else the coordinate estimate (providers/geo.py), and bandwidth
-    `FALLBACK_GBPS`. Pure.
-    """
-    from providers.geo import estimate_rtt_ms
-
-    clusters = snapshot.clusters
-    price_scale = 0.1  # USD per vCPU-hour, as in broker/sim/observe.py
-    rows = []
-    for c in clusters:
-        cpu_prov = sum(p.provisioned.cpu for p in c.pools)
-        cpu_used = sum(p.used.cpu for p in c.pools)
-        gpu_prov = sum(p.provisioned.gpu for p in c.pools)
-        gpu_used = sum(p.used.gpu for p in c.pools)
-        od = [p.price_usd_per_hour / max(p.node.cpu, 1.0) for p in c.pools
-              if p.pricing != PricingModel.SPOT]
-        spot = [p.price_usd_per_hour / max(p.node.cpu, 1.0) for p in c.pools
-                if p.pricing == PricingModel.SPOT]
-        od_mean = sum(od) / len(od) if od else 0.0
-        discount = 1.0 - (sum(spot) / len(spot)) / od_mean if spot and od_mean > 0 else 0.0
-        rows.append([
-            1.0 - cpu_used / cpu_prov if cpu_prov else 1.0,
-            1.0 - gpu_used / gpu_prov if gpu_prov else 0.0,
-            od_mean / price_scale, discount,
-            sum(p.reclaim_rate_per_hour for p in c.pools), 0.0, 0.0,
-            1.0 if c.healthy else 0.0, 1.0 if c.is_edge else 0.0, 0.0,
-        ])
-    src: list[int] = []
-    dst: list[int] = []
-    feats: list[tuple[float, float]] = []
-    for i, a in enumerate(clusters):
-        dists = []
-        for j, b in enumerate(clusters):
-            if i == j:
-                continue
-            ms = snapshot.rtt_ms.get((a.name, b.name), snapshot.rtt_ms.get((b.name, a.name)))
-            if (ms is None and a.lat is not None and a.lon is not None and b.lat is not None
-                    and b.lon is not None):
-                ms = estimate_rtt_ms(a.lat, a.lon, b.lat, b.lon)
-            dists.append((ms if ms is not None else 1000.0, j))
-        for ms, j in sorted(dists)[:k_neighbours]:
-            src.append(j)
-            dst.append(i)
-            feats.append((ms / 100.0, FALLBACK_GBPS / 10.0))
-    pend = snapshot.pending
-    reps = sum(w.spec.replicas for w in pend)
-    day = 2 * math.pi * (snapshot.now_s % 86400.0) / 86400.0
-    batch = [
-        math.log1p(reps),
-        math.log1p(sum(w.spec.replicas * w.spec.resources.cpu for w in pend)),
-        math.log1p(sum(w.spec.replicas * w.spec.resources.gpu for w in pend)),
-        (sum(1 for w in pend if w.spec.latency_slo_ms is not None) / len(pend)) if pend else 0.0,
-        (sum(1 for w in pend if w.spec.kind == "train") / len(pend)) if pend else 0.0,
-        math.sin(day), math.cos(day),
-    ]
-    return GraphObs(
-        names=tuple(c.name for c in clusters),
-        node_x=np.asarray(rows, dtype=np.float32).reshape(len(clusters), len(NODE_FEATURES)),
-        edge_index=np.asarray([src, dst], dtype=np.int64).reshape(2, len(src)),
-        edge_x=np.asarray(feats, dtype=np.float32).reshape(len(src), len(EDGE_FEATURES)),
-        batch_x=np.asarray(batch, dtype=np.float32))

@@ -38,10 +38,10 @@ from broker.domain import (
 from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.sim import physics
 from broker.sim.metrics import Metrics
-from broker.sim.network import cluster_rtt_ms, data_move, user_rtt_table
+from broker.sim.network import data_move, user_rtt_table
 from broker.sim.realize import TwinNoise, realize
 from broker.sim.scenario import CatalogLike, FaultSpec, Scenario
-from broker.sim.snapshot import build_snapshot
+from broker.sim.snapshot import build_snapshot, network_of
 from broker.sim.state import CapacityError, Group, Node, SimCluster, SimPool, WorkloadState
 from broker.sim.state import make_cluster as _make_cluster
 
@@ -123,10 +123,8 @@ class Engine:
         self.rtt = user_rtt_table(scenario)
         self._specs = {c.name: c for c in scenario.clusters}
         self.recent_demand_cpu = 0.0  # EWMA of submitted cpu per second (observation)
-
-    # ------------------------------------------------------------------ setup helpers
-    def cluster_rtt_ms(self, a: str, b: str) -> float:
-        return cluster_rtt_ms(self._specs[a], self._specs[b], self.catalog)
+        # Cluster<->cluster RTT and throughput (static topology): the policy graph's edges.
+        self.network = network_of(scenario, catalog)
 
     @property
     def state_version(self) -> int:
@@ -309,8 +307,7 @@ class Engine:
             a = 1.0 - math.exp(-dt / self.config.demand_tau_s)
             for c in self.clusters.values():
                 for p in c.pools:
-                    p.demand_cpu_per_s = (1 - a) * p.demand_cpu_per_s
-                    p.demand_gpu_per_s = (1 - a) * p.demand_gpu_per_s
+                    p.decay_demand(now, self.config.demand_tau_s)
             self.recent_demand_cpu *= (1 - a)
         self._scale_in(now)
         if self.prewarm:
@@ -371,8 +368,7 @@ class Engine:
     # ------------------------------------------------------------------ snapshot
     def snapshot(self, batch: list[str] | None = None) -> FederationSnapshot:
         ids = list(self.pending) if batch is None else batch
-        return build_snapshot(self.now, self.clusters.values(),
-                              (self.workloads[w] for w in ids), self._user_regions, self.rtt)
+        return build_snapshot(self, [self.workloads[w] for w in ids])
 
     # ------------------------------------------------------------------ applying plans
     def _add_nodes(self, c: SimCluster, p: SimPool, count: int, *, prewarmed: bool = False) -> int:
@@ -448,8 +444,7 @@ class Engine:
         if not placed:
             return 0
         self._touch_idle(p, gpu_nodes)
-        p.demand_cpu_per_s += ev.cpu * placed / self.config.demand_tau_s
-        p.demand_gpu_per_s += ev.gpu * placed / self.config.demand_tau_s
+        p.add_demand(self.now, ev.cpu * placed, ev.gpu * placed, self.config.demand_tau_s)
         self.metrics.pools_changed()
         nodes_ready = p.ready_for(self.now, gpu_nodes)
         waits_on_new = nodes_ready > self.now

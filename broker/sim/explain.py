@@ -25,8 +25,8 @@ from broker.placement.policy import (
     ActorCritic,
     GraphObs,
 )
+from broker.sim.controller import PolicyController
 from broker.sim.engine import Engine, SimConfig
-from broker.sim.observe import PolicyController
 from broker.sim.randomize import random_draft
 from broker.sim.scenario import load_scenario
 from providers.catalog import Catalog

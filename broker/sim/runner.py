@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from broker.placement.policy import ActorCritic
+from broker.sim.controller import PolicyController
 from broker.sim.engine import Engine, PlannerFn, SimConfig
-from broker.sim.observe import PolicyController
 from broker.sim.scenario import CatalogLike, Scenario
 
 

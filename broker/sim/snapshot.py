@@ -1,13 +1,21 @@
-"""The FederationSnapshot the planner sees, built from the twin's simulated state. Pure.
+"""The twin's snapshot: simulated state -> the merge's inputs -> placement/snapshot.py. Pure.
 
-The same value type the live loop builds from SQL: pools in aggregate (nodes include booting
-ones, `used` is what is reserved), health, quotas, the pending batch, user regions and the
-twin's user<->cluster RTT table (so planner and metrics judge SLOs on identical numbers).
+A thin adapter, so the twin's planner and policy see a snapshot built by the very merge rules
+the live broker uses (broker/placement/snapshot.py): each simulated cluster is a registered
+member (its scenario pools at their current, fault-adjusted prices and quota), each simulated
+node an observed node (booting until `ready_at`), replica counts and demand come from the
+engine's groups and per-pool EWMA, and the twin's user<->cluster RTT table plus the cluster
+graph's RTT/throughput (placement/network.py) are the network maps.
+
+The engine tracks CPU and memory per pool, not per node; they are spread over the pool's
+nodes here, filling nodes with work (a running timer) first, so nodes the engine would count
+idle show as empty `NodeState`s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from broker.domain import (
     Cluster,
@@ -21,7 +29,20 @@ from broker.domain import (
     WorkloadKind,
     WorkloadSpec,
 )
-from broker.sim.state import SimCluster, WorkloadState
+from broker.placement.network import NetworkCatalog, cluster_pairs
+from broker.placement.observed import Inventory, ObservedNode, decayed
+from broker.placement.snapshot import Member, MergeInputs, MergeSettings, merge
+from broker.sim.state import SimCluster, SimPool, WorkloadState
+
+if TYPE_CHECKING:
+    from broker.sim.engine import Engine
+    from broker.sim.scenario import Scenario
+
+Pair = tuple[str, str]
+# The twin's readings are exact and current: nothing in it is ever stale.
+TWIN_MERGE = MergeSettings(inventory_max_age_s=float("inf"), sync_max_age_s=float("inf"),
+                           telemetry_max_age_s=float("inf"), rtt_max_age_s=float("inf"),
+                           hub_max_age_s=float("inf"))
 
 
 def pending_workload(ws: WorkloadState) -> Workload:
@@ -40,27 +61,84 @@ def pending_workload(ws: WorkloadState) -> Workload:
     return Workload(id=ev.id, tenant=ev.tenant, spec=spec, submitted_s=ev.submit_s)
 
 
-def build_snapshot(now: float, clusters: Iterable[SimCluster], batch: Iterable[WorkloadState],
-                   user_regions: tuple[UserRegion, ...],
-                   rtt_ms: Mapping[tuple[str, str], float]) -> FederationSnapshot:
-    hours = max(now / 3600.0, 1.0)
+def registered(c: SimCluster, now: float) -> Cluster:
+    """A simulated cluster as a registration: its pools at today's price, quota and health."""
+    pools = tuple(
+        Pool(name=p.name, instance_type=p.spec.instance_type, node=p.node,
+             nodes=p.nodes, max_nodes=p.spec.max_nodes,
+             price_usd_per_hour=p.price_usd_per_hour,
+             pricing=(PricingModel.EDGE if c.spec.fixed else
+                      PricingModel.SPOT if p.spec.spot else PricingModel.ON_DEMAND),
+             gpu_model=p.spec.gpu_model, interconnect=p.spec.interconnect)
+        for p in c.pools)
+    return Cluster(name=c.name, provider=c.spec.provider, region=c.spec.region, pools=pools,
+                   zones=c.spec.zones, lat=c.spec.lat, lon=c.spec.lon,
+                   quota_vcpu=c.quota_vcpu, healthy=c.healthy(now))
+
+
+def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode, ...]:
+    """The pool's nodes, its aggregate CPU/memory spread over them (see the module doc)."""
+    order = sorted(range(len(p.node_list)), key=lambda i: (
+        p.node_list[i].idle_since is not None, p.node_list[i].ready_at, i))
+    cpu, mem = p.used_cpu, p.used_mem
+    share: dict[int, tuple[float, float]] = {}
+    for k, i in enumerate(order):
+        last = k == len(order) - 1
+        take_cpu = cpu if last else min(cpu, p.node.cpu)
+        take_mem = mem if last else min(mem, p.node.memory_gib)
+        share[i] = (max(0.0, take_cpu), max(0.0, take_mem))
+        cpu, mem = cpu - take_cpu, mem - take_mem
     out = []
-    for c in clusters:
-        pools = tuple(
-            Pool(name=p.name, instance_type=p.spec.instance_type, node=p.node,
-                 nodes=p.nodes, max_nodes=p.spec.max_nodes,
-                 price_usd_per_hour=p.price_usd_per_hour,
-                 pricing=(PricingModel.EDGE if c.spec.fixed else
-                          PricingModel.SPOT if p.spec.spot else PricingModel.ON_DEMAND),
-                 gpu_model=p.spec.gpu_model, interconnect=p.spec.interconnect,
-                 used=Resources(p.used_cpu, p.used_mem, p.used_gpu),
-                 largest_free_gpu_set=p.largest_free_gpu_set(),
-                 reclaim_rate_per_hour=p.reclaims / hours)
-            for p in c.pools)
-        out.append(Cluster(
-            name=c.name, provider=c.spec.provider, region=c.spec.region, pools=pools,
-            zones=c.spec.zones, lat=c.spec.lat, lon=c.spec.lon, quota_vcpu=c.quota_vcpu,
-            healthy=c.healthy(now)))
-    return FederationSnapshot(now_s=now, clusters=tuple(out),
-                              pending=tuple(pending_workload(ws) for ws in batch),
-                              user_regions=user_regions, rtt_ms=rtt_ms)
+    for i, n in enumerate(p.node_list):
+        up = n.ready_at <= now
+        used_cpu, used_mem = share.get(i, (0.0, 0.0))
+        out.append(ObservedNode(
+            name=f"{c.name}/{p.name}/{i}", pool=p.name, allocatable=p.node,
+            allocated=Resources(used_cpu, used_mem, p.node.gpu - n.gpu_free),
+            instance_type=p.spec.instance_type, ready=up, ever_ready=up,
+            idle_since_s=n.idle_since, prewarmed=n.prewarmed))
+    return tuple(out)
+
+
+def replica_counts(states: Iterable[WorkloadState]) -> dict[Pair, tuple[int, int]]:
+    out: dict[Pair, tuple[int, int]] = {}
+    for ws in states:
+        for g in ws.groups:
+            placed, starting = out.get((g.cluster, g.pool), (0, 0))
+            out[(g.cluster, g.pool)] = (placed + g.count,
+                                        starting + (0 if g.running else g.count))
+    return out
+
+
+def network_of(scenario: Scenario, catalog: NetworkCatalog | None
+               ) -> tuple[dict[Pair, float], dict[Pair, float]]:
+    """Cluster graph RTTs and throughput (placement/network.py's rule), once per run."""
+    from broker.sim.state import make_cluster
+
+    return cluster_pairs([registered(make_cluster(c), 0.0) for c in scenario.clusters],
+                         catalog)
+
+
+def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
+    now = engine.now
+    tau = engine.config.demand_tau_s
+    clusters = list(engine.clusters.values())
+    inventory = {c.name: Inventory(
+        observed_s=now, nodes=tuple(n for p in c.pools for n in observed_nodes(c, p, now)),
+        reclaims={p.name: p.reclaims for p in c.pools}, since_s=0.0) for c in clusters}
+    demand = {(c.name, p.name): (decayed(p.demand_cpu_per_s, p.demand_at_s, now, tau),
+                                 decayed(p.demand_gpu_per_s, p.demand_at_s, now, tau))
+              for c in clusters for p in c.pools}
+    pair_rtt, gbps = engine.network
+    return MergeInputs(
+        now_s=now, members=tuple(Member(cluster=registered(c, now)) for c in clusters),
+        inventory=inventory, pending=tuple(pending_workload(ws) for ws in batch),
+        replicas=replica_counts(engine.workloads.values()), demand=demand,
+        user_regions=tuple(UserRegion(u.name, u.lat, u.lon)
+                           for u in engine.scenario.user_regions),
+        user_rtt_ms=engine.rtt, cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps)
+
+
+def build_snapshot(engine: Engine, batch: Sequence[WorkloadState]) -> FederationSnapshot:
+    """The FederationSnapshot of the engine's state now, asking for `batch`."""
+    return merge(twin_inputs(engine, batch), TWIN_MERGE)

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from broker.domain import Resources
+from broker.placement.observed import decayed
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
 
 
@@ -42,6 +43,7 @@ class SimPool:
     images: set[str] = field(default_factory=set)  # workload ids whose image is cached here
     demand_cpu_per_s: float = 0.0  # EWMA of reserved cpu per second (prewarm forecast)
     demand_gpu_per_s: float = 0.0  # the same for GPUs
+    demand_at_s: float = 0.0  # when the two rates above were last brought up to date
 
     @property
     def name(self) -> str:
@@ -58,6 +60,18 @@ class SimPool:
     @property
     def price_usd_per_hour(self) -> float:
         return self.spec.price_usd_per_hour * self.price_factor
+
+    def add_demand(self, now: float, cpu: float, gpu: float, tau_s: float) -> None:
+        """Count `cpu`/`gpu` reserved at `now` into the demand EWMA (placement/observed.py's
+        `demand_rate`, kept incrementally: decay to now, then add amount / tau)."""
+        self.decay_demand(now, tau_s)
+        self.demand_cpu_per_s += cpu / tau_s
+        self.demand_gpu_per_s += gpu / tau_s
+
+    def decay_demand(self, now: float, tau_s: float) -> None:
+        self.demand_cpu_per_s = decayed(self.demand_cpu_per_s, self.demand_at_s, now, tau_s)
+        self.demand_gpu_per_s = decayed(self.demand_gpu_per_s, self.demand_at_s, now, tau_s)
+        self.demand_at_s = max(self.demand_at_s, now)
 
     def ready_nodes(self, now: float) -> int:
         return sum(1 for n in self.node_list if n.ready_at <= now)

@@ -37,8 +37,8 @@ import torch
 
 from broker.domain import PolicyAction
 from broker.placement.policy import ActorCritic, GraphObs, gaussian_log_prob, to_action
+from broker.sim.controller import observe_engine
 from broker.sim.engine import Engine, SimConfig
-from broker.sim.observe import build_edges, observe
 from broker.sim.randomize import random_draft
 from broker.sim.scenario import CatalogLike, Scenario, ScenarioError, load_scenario
 from providers.catalog import Catalog
@@ -124,7 +124,7 @@ class Recorder:
         self.steps: list[Step] = []
         self._last: tuple[float, ...] | None = None
         self._last_t = 0.0
-        self._edges: tuple[np.ndarray, np.ndarray] | None = None
+        self._started = False
 
     def _totals(self, engine: Engine) -> tuple[float, ...]:
         return totals(engine)
@@ -151,12 +151,12 @@ class Recorder:
                  / XZONE_SCALE + w.queue * d[3] / QUEUE_SCALE + w.gpu * d[4] / GPU_SCALE)
 
     def act(self, engine: Engine, now_s: float) -> PolicyAction:
-        if self._edges is None:
-            self._edges = build_edges(engine)
+        if not self._started:
+            self._started = True
             self._last = self._totals(engine)
         if self.steps:
             self.steps[-1].reward = self._reward(engine)
-        obs = observe(engine, now_s, self._edges)
+        obs = observe_engine(engine)
         s = self.model.act(obs, sample=self.sample, generator=self.gen)
         self.steps.append(Step(obs, s.raw, s.log_prob, s.value))
         return s.action

@@ -177,7 +177,7 @@ def check_hard_constraints(snap: FederationSnapshot, plan: EpochPlan, headroom: 
             continue
         added = sum(scale.get((c.name, p.name), 0) * p.node.cpu for p in c.pools)
         have = sum(p.nodes * p.node.cpu for p in c.pools)
-        limit = c.quota_vcpu * (0.5 if c.quota_stale else 1.0)
+        limit = c.quota_vcpu
         assert added == 0 or have + added <= limit + 1e-6, f"quota of {c.name}"
     for t in snap.tenants:
         if t.budget_usd_per_hour is not None:

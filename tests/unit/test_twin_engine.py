@@ -200,20 +200,3 @@ def test_plan_scale_applies_headroom() -> None:
         policy="lp", fixed_action=PolicyAction(headroom=1.0), check_invariants=True))
     loose.run()
     assert tight.clusters["c1"].pools[0].nodes > loose.clusters["c1"].pools[0].nodes
-
-
-def test_live_observation_matches_the_twins() -> None:
-    from broker.placement.policy import observe_snapshot
-    from broker.sim.observe import observe
-
-    d = doc(nodes=2, max_nodes=4)
-    d["clusters"].append({"name": "edge1", "provider": "edge", "lat": 40.0, "lon": -75.0,
-                          "capacity": {"cpu": 8, "memory_gib": 32, "price_per_hour": 0.5}})
-    _, eng = run(scenario(d, "a,0,batch,1,3,1,0,7200,,,0,,0\n"))
-    live = observe_snapshot(eng.snapshot())
-    twin = observe(eng, eng.now)
-    assert live.names == twin.names
-    assert live.node_x.shape == twin.node_x.shape
-    shared = [0, 1, 2, 3, 7, 8]  # features a snapshot carries
-    assert (abs(live.node_x[:, shared] - twin.node_x[:, shared]) < 1e-5).all()
-    assert live.edge_index.shape[0] == 2

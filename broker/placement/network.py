@@ -1,0 +1,112 @@
+"""Network maps for a snapshot: RTTs, throughput and egress prices between places. Pure.
+
+One rule for both shells (the live placement loop and the twin), so the planner and the
+policy's observation see the same numbers for the same federation:
+
+- cluster <-> cluster RTT: the catalog's (Skyplane-measured, else coordinate estimate) for two
+  cloud regions; the great-circle estimate of providers/geo.py when either end is fixed
+  hardware (edge / on-prem: the catalog does not know it) or the catalog has no answer.
+- cluster <-> cluster throughput: the catalog's measured single-VM-pair bandwidth between two
+  cloud regions, else `THROUGHPUT_FALLBACK_GBPS`.
+- user region -> cluster RTT and data -> cluster egress: the catalog's, for `provider:region`
+  keys it knows (the planner estimates the rest from coordinates, candidates.RttResolver).
+
+The catalog is passed in (a loaded `providers.catalog.Catalog` or the twin's fake): lookups
+only, no I/O here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from broker.domain import Cluster, Workload
+from providers.base import Region
+from providers.errors import ProviderError
+from providers.geo import estimate_rtt_ms
+
+# Where neither end is a cloud region the catalog measured: Skyplane's median inter-region
+# single-VM-pair throughput is a few Gbit/s (Jain et al., NSDI 2023, fig. 2).
+THROUGHPUT_FALLBACK_GBPS = 2.0
+# Fixed hardware: edge sites and on-prem clusters (no catalog entry, paid whether used or not).
+FIXED_PROVIDERS = frozenset({"edge", "onprem"})
+CLOUD_PROVIDERS = frozenset({"aws", "gcp", "azure"})
+
+Pair = tuple[str, str]
+
+
+class NetworkCatalog(Protocol):
+    """What the maps need from `providers.catalog.Catalog` (structural: the twin fakes it)."""
+
+    def region(self, provider: str, name: str) -> Region: ...
+
+    def rtt_ms(self, a: str, b: str) -> tuple[float, str]: ...
+
+    def egress_usd_per_gb(self, src: str, dst: str) -> float: ...
+
+    def throughput_gbps(self, src: str, dst: str) -> float: ...
+
+
+def is_fixed(cluster: Cluster) -> bool:
+    return cluster.provider in FIXED_PROVIDERS
+
+
+def cluster_rtt_ms(a: Cluster, b: Cluster, catalog: NetworkCatalog | None) -> float | None:
+    """RTT between two clusters (see the module docstring); None without coordinates."""
+    if catalog is not None and not is_fixed(a) and not is_fixed(b):
+        with contextlib.suppress(ProviderError):
+            return catalog.rtt_ms(a.region_key, b.region_key)[0]
+    if a.lat is None or a.lon is None or b.lat is None or b.lon is None:
+        return None
+    return estimate_rtt_ms(a.lat, a.lon, b.lat, b.lon)
+
+
+def cluster_gbps(a: Cluster, b: Cluster, catalog: NetworkCatalog | None) -> float:
+    if catalog is not None and not is_fixed(a) and not is_fixed(b):
+        with contextlib.suppress(ProviderError):
+            return catalog.throughput_gbps(b.region_key, a.region_key)
+    return THROUGHPUT_FALLBACK_GBPS
+
+
+def cluster_pairs(clusters: Sequence[Cluster], catalog: NetworkCatalog | None
+                  ) -> tuple[dict[Pair, float], dict[Pair, float]]:
+    """RTT (ms) and throughput (Gbit/s) between every two clusters, keyed by names, both orders.
+
+    Quadratic in clusters; both shells compute it once per topology and reuse it.
+    """
+    rtt: dict[Pair, float] = {}
+    gbps: dict[Pair, float] = {}
+    for i, a in enumerate(clusters):
+        for b in clusters[i + 1:]:
+            ms = cluster_rtt_ms(a, b, catalog)
+            if ms is not None:
+                rtt[(a.name, b.name)] = rtt[(b.name, a.name)] = ms
+            gbps[(a.name, b.name)] = gbps[(b.name, a.name)] = cluster_gbps(a, b, catalog)
+    return rtt, gbps
+
+
+def batch_maps(catalog: NetworkCatalog | None, clusters: Iterable[Cluster],
+               pending: Iterable[Workload]) -> tuple[dict[Pair, float], dict[Pair, float]]:
+    """Catalog RTTs (user region -> cloud cluster) and egress prices (data -> cloud cluster).
+
+    Keys are `provider:region`; only regions the catalog knows appear (the rest fall back to
+    the planner's coordinate estimate and documented egress constants).
+    """
+    rtt: dict[Pair, float] = {}
+    egress: dict[Pair, float] = {}
+    if catalog is None:
+        return rtt, egress
+    keys = {c.region_key for c in clusters if c.provider in CLOUD_PROVIDERS}
+    batch = list(pending)
+    users = {w.spec.user_region for w in batch if w.spec.user_region and ":" in w.spec.user_region}
+    sources = {d.location for w in batch for d in w.spec.data if ":" in d.location}
+    for a in users:
+        for b in keys:
+            with contextlib.suppress(ProviderError):
+                rtt[(a, b)] = catalog.rtt_ms(a, b)[0]
+    for a in sources:
+        for b in keys:
+            with contextlib.suppress(ProviderError):
+                egress[(a, b)] = catalog.egress_usd_per_gb(a, b)
+    return rtt, egress

@@ -1,0 +1,120 @@
+"""THE policy observation: FederationSnapshot -> GraphObs, for the live broker and the twin. Pure.
+
+Both shells call `observe(snapshot)` on the snapshot they hand the planner (the live one from
+broker/federation/snapshot.py, the twin's from broker/sim/snapshot.py), so a feature means
+the same thing in training and in production. Node features (policy.NODE_FEATURES, order and
+names are the checkpoint format), one row per cluster, each scaled to roughly [0, 1]:
+
+- free_cpu_frac, free_gpu_frac: 1 - used / provisioned over the cluster's pools (`Pool.used`,
+  `Pool.nodes` x `Pool.node`); 1 (cpu) / 0 (gpu) where nothing is provisioned;
+- price_usd_per_vcpu_hour: mean of node price / vCPUs over non-spot pools / PRICE_SCALE;
+- spot_discount: 1 - mean spot price per vCPU / mean on-demand price per vCPU (0 without);
+- reclaim_rate_per_hour: sum of the pools' spot reclaim rates;
+- queue_frac: replicas placed but not running yet / replicas placed (`Pool.replicas_*`);
+- recent_demand: sum of the pools' demand EWMA (`Pool.demand_cpu_per_s`) / DEMAND_SCALE;
+- healthy; is_edge (fixed hardware: edge or on-prem, network.FIXED_PROVIDERS);
+- booting_frac: nodes booting (`NodeState.booting`) / nodes.
+
+Edges: each cluster receives from its K_NEIGHBOURS nearest clusters by RTT
+(`snapshot.rtt_ms` between cluster names, else the coordinate estimate, else 1000 ms), with
+features RTT / 100 ms and throughput (`snapshot.bandwidth_gbps`, else
+network.THROUGHPUT_FALLBACK_GBPS) / 10 Gbit/s. Batch features: log1p of the pending
+replicas, vCPUs and GPUs, the latency-sensitive and training shares, time of day (sin, cos).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from broker.domain import Cluster, FederationSnapshot, PricingModel, WorkloadKind
+from broker.placement.network import THROUGHPUT_FALLBACK_GBPS, is_fixed
+from broker.placement.policy import EDGE_FEATURES, NODE_FEATURES, GraphObs
+from providers.geo import estimate_rtt_ms
+
+PRICE_SCALE_USD_PER_VCPU_HOUR = 0.1
+DEMAND_SCALE_CPU_PER_S = 0.05
+K_NEIGHBOURS = 4
+UNKNOWN_RTT_MS = 1000.0
+
+
+def node_features(c: Cluster) -> list[float]:
+    """One cluster's row of NODE_FEATURES (see the module docstring)."""
+    cpu_prov = sum(p.nodes * p.node.cpu for p in c.pools)
+    cpu_used = sum(p.used.cpu for p in c.pools)
+    gpu_prov = sum(p.nodes * p.node.gpu for p in c.pools)
+    gpu_used = sum(p.used.gpu for p in c.pools)
+    od = [p.price_usd_per_hour / max(p.node.cpu, 1.0) for p in c.pools
+          if p.pricing is not PricingModel.SPOT]
+    spot = [p.price_usd_per_hour / max(p.node.cpu, 1.0) for p in c.pools
+            if p.pricing is PricingModel.SPOT]
+    od_mean = sum(od) / len(od) if od else 0.0
+    discount = 1.0 - (sum(spot) / len(spot)) / od_mean if spot and od_mean > 0 else 0.0
+    placed = sum(p.replicas_placed for p in c.pools)
+    starting = sum(p.replicas_starting for p in c.pools)
+    nodes = sum(p.nodes for p in c.pools)
+    booting = sum(1 for p in c.pools for n in p.node_states if n.booting)
+    return [
+        1.0 - cpu_used / cpu_prov if cpu_prov else 1.0,
+        1.0 - gpu_used / gpu_prov if gpu_prov else 0.0,
+        od_mean / PRICE_SCALE_USD_PER_VCPU_HOUR,
+        discount,
+        sum(p.reclaim_rate_per_hour for p in c.pools),
+        starting / placed if placed else 0.0,
+        sum(p.demand_cpu_per_s for p in c.pools) / DEMAND_SCALE_CPU_PER_S,
+        1.0 if c.healthy else 0.0,
+        1.0 if is_fixed(c) else 0.0,
+        booting / nodes if nodes else 0.0,
+    ]
+
+
+def _rtt(snapshot: FederationSnapshot, a: Cluster, b: Cluster) -> float:
+    ms = snapshot.rtt_ms.get((a.name, b.name), snapshot.rtt_ms.get((b.name, a.name)))
+    if ms is None and None not in (a.lat, a.lon, b.lat, b.lon):
+        ms = estimate_rtt_ms(a.lat, a.lon, b.lat, b.lon)  # type: ignore[arg-type]
+    return UNKNOWN_RTT_MS if ms is None else float(ms)
+
+
+def edges(snapshot: FederationSnapshot, k_neighbours: int = K_NEIGHBOURS
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(edge_index [2, E], edge_x [E, EDGE_FEATURES]): each cluster from its nearest ones."""
+    clusters = snapshot.clusters
+    src: list[int] = []
+    dst: list[int] = []
+    feats: list[tuple[float, float]] = []
+    for i, a in enumerate(clusters):
+        near = sorted((_rtt(snapshot, a, b), j) for j, b in enumerate(clusters) if j != i)
+        for ms, j in near[:k_neighbours]:
+            gbps = snapshot.bandwidth_gbps.get((clusters[j].name, a.name),
+                                               THROUGHPUT_FALLBACK_GBPS)
+            src.append(j)
+            dst.append(i)
+            feats.append((ms / 100.0, gbps / 10.0))
+    return (np.asarray([src, dst], dtype=np.int64).reshape(2, len(src)),
+            np.asarray(feats, dtype=np.float32).reshape(len(src), len(EDGE_FEATURES)))
+
+
+def batch_features(snapshot: FederationSnapshot) -> list[float]:
+    pend = snapshot.pending
+    day = 2 * math.pi * (snapshot.now_s % 86400.0) / 86400.0
+    n = len(pend)
+    return [
+        math.log1p(sum(w.spec.replicas for w in pend)),
+        math.log1p(sum(w.spec.replicas * w.spec.resources.cpu for w in pend)),
+        math.log1p(sum(w.spec.replicas * w.spec.resources.gpu for w in pend)),
+        sum(1 for w in pend if w.spec.latency_slo_ms is not None) / n if n else 0.0,
+        sum(1 for w in pend if w.spec.kind == WorkloadKind.TRAIN) / n if n else 0.0,
+        math.sin(day), math.cos(day),
+    ]
+
+
+def observe(snapshot: FederationSnapshot, *, k_neighbours: int = K_NEIGHBOURS) -> GraphObs:
+    """The policy's observation of `snapshot` (see the module docstring)."""
+    clusters = snapshot.clusters
+    edge_index, edge_x = edges(snapshot, k_neighbours)
+    node_x = np.asarray([node_features(c) for c in clusters], dtype=np.float32)
+    return GraphObs(names=tuple(c.name for c in clusters),
+                    node_x=node_x.reshape(len(clusters), len(NODE_FEATURES)),
+                    edge_index=edge_index, edge_x=edge_x,
+                    batch_x=np.asarray(batch_features(snapshot), dtype=np.float32))

@@ -1,0 +1,184 @@
+"""Observed inventory -> pools the planner sees: the node rules of the snapshot merge. Pure.
+
+Input: what a driver's `inventory()` reported (live, polled by broker/federation/inventory.py)
+or the twin's simulated nodes, as `ObservedNode`s. Output: the registered `Pool` with its
+observed fields replaced. The rules, in order (docs/snapshot.md has the table):
+
+1. A node belongs to the pool its `pool` label names; an unlabelled node to the only pool
+   of its instance type, else to the cluster's only pool; otherwise it is not counted.
+2. A node is *leaving* (`NodeLeaving`) when it carries a termination taint (spot interruption
+   notice, scale-down: `TERMINATION_TAINTS`), when it is NotReady after having been Ready, or
+   when it is cordoned; in that order of precedence. A NotReady node never seen Ready is
+   *booting* (kubelet registered, not Ready yet), not leaving.
+3. Leaving nodes give no capacity: `nodes` counts the others (booting included: they are paid
+   for and will be up soon), `used` sums what is requested on them, `node` is the smallest
+   allocatable shape among them (a replica that fits it fits every node), `max_nodes` is
+   at least the observed count. Every node, leaving ones too, is kept in `node_states` so
+   the planner can move work off leaving nodes before they go.
+4. `largest_free_gpu_set` is, over the counted nodes, the largest set of free GPUs one node
+   offers connected by the pool's interconnect: all free GPUs for NVSwitch and PCIe nodes,
+   the largest NVLink-connected free set (topology.py) for NVLink-pair nodes, whose used
+   GPUs are taken to be the lowest ids (what topology.allocate prefers).
+5. Spot reclaims: `reclaims / max(1, hours observed)`, the twin's formula.
+
+Demand (`demand_rate`): the EWMA of requested resources per second with time constant tau,
+sum_i r_i / tau * exp(-(now - t_i) / tau) over placements i of r_i at t_i. The twin keeps the
+same quantity incrementally (`decayed`); both give identical numbers for identical events.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from broker.domain import Interconnect, NodeLeaving, NodeState, Pool, Resources
+from broker.placement.topology import for_instance, largest_nvlink_set
+
+# Taint keys that announce a node's removal. Sources: aws-node-termination-handler README
+# (spot-itn, scheduled-maintenance, asg-lifecycle-termination, rebalance-recommendation),
+# Karpenter v1 (`karpenter.sh/disrupted`; v0.3x `karpenter.sh/disruption`), Cluster
+# Autoscaler (`ToBeDeletedByClusterAutoscaler`), GKE (`cloud.google.com/impending-node-
+# termination`), Kubernetes (`node.cloudprovider.kubernetes.io/shutdown`,
+# `node.kubernetes.io/out-of-service`).
+TERMINATION_TAINTS = frozenset({
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/scheduled-maintenance",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "aws-node-termination-handler/rebalance-recommendation",
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+    "ToBeDeletedByClusterAutoscaler",
+    "cloud.google.com/impending-node-termination",
+    "node.cloudprovider.kubernetes.io/shutdown",
+    "node.kubernetes.io/out-of-service",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedNode:
+    """One node as a driver last reported it (or the twin simulates it)."""
+
+    name: str
+    pool: str
+    allocatable: Resources
+    allocated: Resources = field(default_factory=Resources)  # requested by what runs there
+    instance_type: str = ""
+    ready: bool = True
+    ever_ready: bool = True  # seen Ready before (False: still booting)
+    unschedulable: bool = False  # cordoned
+    taints: tuple[str, ...] = ()  # `key=value:Effect`
+    idle_since_s: float | None = None  # first seen without replicas (the poller keeps it)
+    prewarmed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """One cluster's observed nodes at `observed_s`, and its spot reclaims since `since_s`."""
+
+    observed_s: float
+    nodes: tuple[ObservedNode, ...] = ()
+    reclaims: Mapping[str, int] = field(default_factory=dict)  # pool -> nodes reclaimed
+    since_s: float = 0.0
+
+
+def leaving(node: ObservedNode) -> NodeLeaving:
+    """Rule 2 of the module docstring."""
+    for taint in node.taints:
+        if taint.partition(":")[0].partition("=")[0] in TERMINATION_TAINTS:
+            return NodeLeaving.TERMINATING
+    if not node.ready and node.ever_ready:
+        return NodeLeaving.NOT_READY
+    if node.unschedulable:
+        return NodeLeaving.CORDONED
+    return NodeLeaving.NO
+
+
+def pool_of(node: ObservedNode, pools: Sequence[Pool]) -> str | None:
+    """Rule 1 of the module docstring."""
+    names = {p.name for p in pools}
+    if node.pool in names:
+        return node.pool
+    by_type = [p.name for p in pools if node.instance_type and p.instance_type
+               == node.instance_type]
+    if len(by_type) == 1:
+        return by_type[0]
+    return pools[0].name if len(pools) == 1 else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _nvlink_set(instance_type: str, gpus: int, model: str | None, used: int) -> int:
+    topo = for_instance(instance_type, gpus, model, Interconnect.NVLINK_PAIRS)
+    return largest_nvlink_set(topo, range(used))
+
+
+def largest_free_set(pool: Pool, node: ObservedNode) -> int:
+    """Rule 4 of the module docstring, for one node."""
+    gpus = node.allocatable.gpu
+    free = max(0, gpus - node.allocated.gpu)
+    if free == 0 or pool.interconnect is not Interconnect.NVLINK_PAIRS:
+        return free
+    return _nvlink_set(pool.instance_type, gpus, pool.gpu_model, min(gpus, node.allocated.gpu))
+
+
+def node_state(pool: Pool, node: ObservedNode) -> NodeState:
+    return NodeState(
+        name=node.name, cpu_allocated=node.allocated.cpu,
+        memory_allocated_gib=node.allocated.memory_gib,
+        gpu_free=max(0, node.allocatable.gpu - node.allocated.gpu),
+        largest_free_gpu_set=largest_free_set(pool, node),
+        booting=not node.ready and not node.ever_ready, leaving=leaving(node),
+        idle_since_s=node.idle_since_s, prewarmed=node.prewarmed)
+
+
+def reclaim_rate_per_hour(reclaims: int, since_s: float, now_s: float) -> float:
+    return reclaims / max((now_s - since_s) / 3600.0, 1.0)
+
+
+def observed_pool(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 0,
+                  since_s: float = 0.0, now_s: float = 0.0) -> Pool:
+    """`pool` with rules 3-5 of the module docstring applied to its observed `nodes`."""
+    states = tuple(node_state(pool, n) for n in nodes)
+    counted = [(n, s) for n, s in zip(nodes, states, strict=True)
+               if s.leaving is NodeLeaving.NO]
+    used = Resources()
+    for n, _ in counted:
+        used = used + n.allocated
+    shape = pool.node
+    if counted:
+        shape = Resources(min(n.allocatable.cpu for n, _ in counted),
+                          min(n.allocatable.memory_gib for n, _ in counted),
+                          min(n.allocatable.gpu for n, _ in counted))
+    return replace(
+        pool, node=shape, nodes=len(counted), max_nodes=max(pool.max_nodes, len(counted)),
+        used=used, node_states=states,
+        largest_free_gpu_set=max((s.largest_free_gpu_set for _, s in counted), default=0),
+        reclaim_rate_per_hour=reclaim_rate_per_hour(reclaims, since_s, now_s))
+
+
+def observed_pools(pools: Sequence[Pool], inventory: Inventory, now_s: float
+                   ) -> tuple[tuple[Pool, ...], int]:
+    """Every registered pool with its observed nodes; and how many nodes matched no pool."""
+    by_pool: dict[str, list[ObservedNode]] = {p.name: [] for p in pools}
+    stray = 0
+    for n in inventory.nodes:
+        name = pool_of(n, pools)
+        if name is None:
+            stray += 1
+        else:
+            by_pool[name].append(n)
+    out = tuple(observed_pool(p, by_pool[p.name], reclaims=inventory.reclaims.get(p.name, 0),
+                              since_s=inventory.since_s, now_s=now_s) for p in pools)
+    return out, stray
+
+
+# ---- demand ----------------------------------------------------------------------------
+def decayed(rate: float, at_s: float, now_s: float, tau_s: float) -> float:
+    """An EWMA rate last updated at `at_s`, as of `now_s` (no new events in between)."""
+    return rate * math.exp(-max(0.0, now_s - at_s) / tau_s)
+
+
+def demand_rate(events: Iterable[tuple[float, float]], now_s: float, tau_s: float) -> float:
+    """EWMA rate (per s) of amounts `r` requested at times `t`: sum r/tau exp(-(now-t)/tau)."""
+    return sum(r / tau_s * math.exp(-max(0.0, now_s - t) / tau_s) for t, r in events)

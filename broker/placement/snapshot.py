@@ -1,0 +1,365 @@
+"""THE snapshot merge: registered + observed + synced + measured -> FederationSnapshot. Pure.
+
+Both shells build their snapshot here: the live broker (broker/federation/snapshot.py reads
+the store, the drivers' inventory, sync and the hub into `MergeInputs`) and the twin
+(broker/sim/snapshot.py turns simulated state into the same inputs). Values in, one
+`FederationSnapshot` out; no I/O, no clock (`now_s` is an input). Every merged value carries
+its `Provenance` (source, age, stale) in `Cluster.provenance`.
+
+Precedence, per value (the newest reading wins over the registration; docs/snapshot.md):
+
+- members: registered clusters; registered edge sites become edge clusters (one fixed pool
+  of the site's capacity) unless a cluster of the same name is registered (the older
+  "site + shadow cluster" form: the cluster's pools, the site's health).
+  `allowed_tenants`: None for an operator's registration, else the registering tenant.
+- capacity (`observed.py`): the driver's inventory replaces nodes, node shape, usage, GPU
+  sets and reclaim rate of each registered pool; without one the registration stands.
+- usage: the larger of what is requested (inventory, then the broker's own commitments,
+  placement/commitments.py) and what telemetry measures in use (Metrics Server), per pool.
+- prices: the newest synced offer of (provider, region, instance type) replaces the
+  registered price (on-demand or spot, by the pool's pricing model); else the registration's
+  own (which the API may have filled from the offline catalog: source `catalog`).
+- quotas: the newest synced vCPU/GPU quota of the cluster's (account, region) replaces the
+  registered quota. What others use in that account and region is taken off:
+  quota = limit - max(0, used - this cluster's provisioned). A quota read longer ago than
+  `sync_max_age_s`, or whose account's sync is failing, is stale: only
+  `(1 - stale_quota_margin)` of its limit is used (the registered quota too, when its row is
+  flagged stale).
+- health: the registration's (reconciler, driver registry) AND, for edge sites, the hub's
+  (`down` = unhealthy): one decider per failure, the hub for sites.
+- RTTs: an agent-measured RTT read within `rtt_max_age_s` replaces the catalog's or the
+  coordinate estimate, under the keys the planner looks up: (probe name, site) for user
+  regions, (site, peer site) for the cluster graph.
+
+Anything read longer ago than its freshness limit is still used (the last reading is the
+best knowledge) but marked `stale` in its provenance, so explain and the API show it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from broker.domain import (
+    Cluster,
+    FederationSnapshot,
+    Interconnect,
+    Placement,
+    Pool,
+    PricingModel,
+    Provenance,
+    Resources,
+    Site,
+    SiteHealth,
+    Tenant,
+    UserRegion,
+    Workload,
+    WorkloadStatus,
+)
+from broker.placement.commitments import with_commitments
+from broker.placement.observed import Inventory, observed_pools
+from providers.base import Offer
+
+Pair = tuple[str, str]
+SITE_POOL = "site"
+EDGE_LABEL = "skyfed.io/edge"
+_SOURCE_RANK = {"sync": 3, "catalog": 2, "registration": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class MergeSettings:
+    """Freshness limits and the stale-quota margin (from `SnapshotSettings`, settings.py)."""
+
+    inventory_max_age_s: float = 30.0
+    sync_max_age_s: float = 900.0
+    telemetry_max_age_s: float = 120.0
+    rtt_max_age_s: float = 60.0
+    hub_max_age_s: float = 60.0
+    stale_quota_margin: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A registered cluster as stored: the defaults every reading may replace."""
+
+    cluster: Cluster
+    tenant: str = "admin"
+    operator: bool = True  # registered by an admin/operator: federation-wide
+    account: str | None = None
+    registered_s: float = 0.0
+    price_sources: Mapping[str, str] = field(default_factory=dict)  # pool -> catalog | ...
+
+
+@dataclass(frozen=True, slots=True)
+class SiteMember:
+    site: Site
+    tenant: str = "admin"
+    operator: bool = True
+    registered_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PriceReading:
+    offer: Offer
+    synced_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaReading:
+    """One account's quota in one region, as the newest good sync read it."""
+
+    synced_s: float
+    vcpu_limit: float | None = None
+    vcpu_used: float = 0.0
+    gpu_limit: float | None = None
+    gpu_used: float = 0.0
+    failing: bool = False  # the account's sync keeps failing (marked stale)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReading:
+    """Resources measured in use per pool (Metrics Server), not requested."""
+
+    read_s: float
+    pools: Mapping[str, Resources] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HubReading:
+    health: SiteHealth
+    heard_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RttReading:
+    """An agent at `site` measured `ms` to `target` (a user region, a site, a region key)."""
+
+    site: str
+    target: str
+    ms: float
+    measured_s: float
+
+
+@dataclass(frozen=True)
+class MergeInputs:
+    now_s: float
+    members: tuple[Member, ...] = ()
+    sites: tuple[SiteMember, ...] = ()
+    inventory: Mapping[str, Inventory] = field(default_factory=dict)
+    prices: Mapping[tuple[str, str, str], PriceReading] = field(default_factory=dict)
+    quotas: Mapping[tuple[str, str], QuotaReading] = field(default_factory=dict)
+    usage: Mapping[str, UsageReading] = field(default_factory=dict)
+    hub: Mapping[str, HubReading] = field(default_factory=dict)
+    rtts: tuple[RttReading, ...] = ()
+    pending: tuple[Workload, ...] = ()
+    running: tuple[Placement, ...] = ()
+    workloads: Mapping[str, Workload] = field(default_factory=dict)  # of `running`
+    # (placed, not running yet) replicas per (cluster, pool): `replica_counts` live.
+    replicas: Mapping[Pair, tuple[int, int]] = field(default_factory=dict)
+    demand: Mapping[Pair, tuple[float, float]] = field(default_factory=dict)  # cpu, gpu / s
+    tenants: tuple[Tenant, ...] = ()
+    user_regions: tuple[UserRegion, ...] = ()
+    user_rtt_ms: Mapping[Pair, float] = field(default_factory=dict)  # catalog: user -> region
+    egress_usd_per_gb: Mapping[Pair, float] = field(default_factory=dict)
+    cluster_rtt_ms: Mapping[Pair, float] = field(default_factory=dict)  # cluster names
+    bandwidth_gbps: Mapping[Pair, float] = field(default_factory=dict)
+
+
+def site_cluster(site: Site) -> Cluster:
+    """An edge site as the planner sees it: one fixed pool of the site's capacity."""
+    gpu = site.capacity.gpu
+    return Cluster(
+        name=site.name, provider="edge", region=site.name, lat=site.lat, lon=site.lon,
+        labels={EDGE_LABEL: "true", **site.labels},
+        pools=(Pool(name=SITE_POOL, instance_type="edge", node=site.capacity, nodes=1,
+                    max_nodes=1, price_usd_per_hour=site.price_usd_per_hour,
+                    pricing=PricingModel.EDGE, gpu_model=site.gpu_model,
+                    interconnect=site.interconnect if gpu else Interconnect.NONE,
+                    largest_free_gpu_set=gpu),),
+        healthy=site.health is not SiteHealth.DOWN)
+
+
+def members_of(inputs: MergeInputs) -> list[Member]:
+    """Registered clusters, then edge sites not registered as clusters (see module doc)."""
+    names = {m.cluster.name for m in inputs.members}
+    out = list(inputs.members)
+    for s in inputs.sites:
+        if s.site.name not in names:
+            out.append(Member(cluster=site_cluster(s.site), tenant=s.tenant,
+                              operator=s.operator, registered_s=s.registered_s))
+    return out
+
+
+def _age(now_s: float, at_s: float | None) -> float:
+    return round(max(0.0, now_s - at_s), 3) if at_s is not None else 0.0
+
+
+def _prov(source: str, now_s: float, at_s: float | None, limit_s: float) -> Provenance:
+    age = _age(now_s, at_s)
+    return Provenance(source, age, stale=at_s is not None and age > limit_s)
+
+
+def price_pool(pool: Pool, member: Member, inputs: MergeInputs,
+               settings: MergeSettings) -> tuple[Pool, Provenance]:
+    """The pool at its newest price and where that price came from."""
+    c = member.cluster
+    reading = None if pool.pricing is PricingModel.EDGE else inputs.prices.get(
+        (c.provider, c.region, pool.instance_type))
+    if reading is not None:
+        o = reading.offer
+        price = o.spot_price_usd_per_hour if pool.pricing is PricingModel.SPOT \
+            else o.price_usd_per_hour
+        if price is not None:
+            return (replace(pool, price_usd_per_hour=price),
+                    _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s))
+    source = member.price_sources.get(pool.name, "registration")
+    return pool, Provenance(source, _age(inputs.now_s, member.registered_s))
+
+
+def _worst(provs: Sequence[Provenance], default: Provenance) -> Provenance:
+    """The least trustworthy of several: lowest-ranked source, then the oldest."""
+    if not provs:
+        return default
+    return min(provs, key=lambda p: (_SOURCE_RANK.get(p.source, 0), -p.age_s))
+
+
+def quota_of(cluster: Cluster, member: Member, inputs: MergeInputs,
+             settings: MergeSettings) -> tuple[float | None, float | None, bool, Provenance]:
+    """(vCPU quota, GPU quota, stale, provenance) for the planner; see the module docstring."""
+    keep = 1.0 - settings.stale_quota_margin
+    reading = inputs.quotas.get((member.account or "", cluster.region)) \
+        if member.account else None
+    if reading is None or (reading.vcpu_limit is None and reading.gpu_limit is None):
+        stale = cluster.quota_stale
+        frac = keep if stale else 1.0
+        vcpu = None if cluster.quota_vcpu is None else cluster.quota_vcpu * frac
+        gpu = None if cluster.quota_gpu is None else cluster.quota_gpu * frac
+        source = "registration" if (vcpu, gpu) != (None, None) else "none"
+        return vcpu, gpu, stale, Provenance(source, _age(inputs.now_s, member.registered_s),
+                                            stale=stale)
+    prov = _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s)
+    stale = prov.stale or reading.failing
+    frac = keep if stale else 1.0
+    own_cpu = sum(p.node.cpu * p.nodes for p in cluster.pools)
+    own_gpu = sum(p.node.gpu * p.nodes for p in cluster.pools)
+
+    def effective(limit: float | None, used: float, own: float,
+                  registered: float | None) -> float | None:
+        if limit is None:
+            return None if registered is None else registered * frac
+        return max(0.0, limit * frac - max(0.0, used - own))
+
+    return (effective(reading.vcpu_limit, reading.vcpu_used, own_cpu, cluster.quota_vcpu),
+            effective(reading.gpu_limit, reading.gpu_used, own_gpu, cluster.quota_gpu),
+            stale, replace(prov, stale=stale))
+
+
+def _with_usage(pools: tuple[Pool, ...], reading: UsageReading | None
+                ) -> tuple[Pool, ...]:
+    if reading is None:
+        return pools
+    out = []
+    for p in pools:
+        m = reading.pools.get(p.name)
+        if m is None:
+            out.append(p)
+            continue
+        out.append(replace(p, used=Resources(max(p.used.cpu, m.cpu),
+                                             max(p.used.memory_gib, m.memory_gib), p.used.gpu)))
+    return tuple(out)
+
+
+def _health(member: Member, inputs: MergeInputs, settings: MergeSettings
+            ) -> tuple[bool, Provenance]:
+    c = member.cluster
+    hub = inputs.hub.get(c.name) if c.is_edge else None
+    if hub is None:
+        return c.healthy, Provenance("registration", _age(inputs.now_s, member.registered_s))
+    return (c.healthy and hub.health is not SiteHealth.DOWN,
+            _prov("hub", inputs.now_s, hub.heard_s, settings.hub_max_age_s))
+
+
+def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) -> Cluster:
+    """One member with every reading about it applied (commitments come after, for all)."""
+    c = member.cluster
+    now = inputs.now_s
+    prov: dict[str, Provenance] = {}
+    pools = c.pools
+    inv = inputs.inventory.get(c.name)
+    if inv is not None:
+        pools, _stray = observed_pools(pools, inv, now)
+        prov["observed"] = _prov("inventory", now, inv.observed_s, settings.inventory_max_age_s)
+    usage = inputs.usage.get(c.name)
+    if usage is not None:
+        pools = _with_usage(pools, usage)
+        prov["telemetry"] = _prov("telemetry", now, usage.read_s, settings.telemetry_max_age_s)
+    priced = [price_pool(p, member, inputs, settings) for p in pools]
+    pools = tuple(replace(p, demand_cpu_per_s=d[0], demand_gpu_per_s=d[1])
+                  if (d := inputs.demand.get((c.name, p.name))) else p for p, _ in priced)
+    prov["pricing"] = _worst([pp for p, pp in priced if p.pricing is not PricingModel.EDGE],
+                             Provenance("registration", _age(now, member.registered_s)))
+    merged = replace(c, pools=pools)
+    vcpu, gpu, stale, prov["quota"] = quota_of(merged, member, inputs, settings)
+    healthy, prov["health"] = _health(member, inputs, settings)
+    rtt_ages = [_age(now, r.measured_s) for r in inputs.rtts if r.site == c.name]
+    if rtt_ages:
+        prov["rtt"] = Provenance("agent", min(rtt_ages),
+                                 stale=min(rtt_ages) > settings.rtt_max_age_s)
+    return replace(merged, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
+                   healthy=healthy, provenance=prov,
+                   allowed_tenants=None if member.operator else frozenset({member.tenant}))
+
+
+def replica_counts(running: Sequence[Placement], workloads: Mapping[str, Workload]
+                   ) -> dict[Pair, tuple[int, int]]:
+    """(placed, not yet running) replicas per (cluster, pool) of the active placements."""
+    out: dict[Pair, tuple[int, int]] = {}
+    for p in running:
+        w = workloads.get(p.workload_id)
+        waiting = w is not None and w.status in (WorkloadStatus.PLACED, WorkloadStatus.PENDING)
+        for a in p.assignments:
+            placed, starting = out.get((a.cluster, a.pool), (0, 0))
+            out[(a.cluster, a.pool)] = (placed + a.replicas,
+                                        starting + (a.replicas if waiting else 0))
+    return out
+
+
+def measured_rtts(inputs: MergeInputs, settings: MergeSettings,
+                  sites: set[str]) -> tuple[dict[Pair, float], dict[Pair, float]]:
+    """Fresh agent measurements: (user-side key, site) pairs and (site, peer site) pairs."""
+    users: dict[Pair, float] = {}
+    peers: dict[Pair, float] = {}
+    newest: dict[Pair, RttReading] = {}
+    for r in inputs.rtts:
+        key = (r.site, r.target)
+        if inputs.now_s - r.measured_s > settings.rtt_max_age_s:
+            continue
+        if key not in newest or r.measured_s > newest[key].measured_s:
+            newest[key] = r
+    for (site, target), r in newest.items():
+        if target in sites:
+            peers[(site, target)] = peers[(target, site)] = r.ms
+        else:
+            users[(target, site)] = r.ms
+    return users, peers
+
+
+def merge(inputs: MergeInputs, settings: MergeSettings | None = None) -> FederationSnapshot:
+    """The snapshot the planner and the policy see (see the module docstring)."""
+    settings = settings or MergeSettings()
+    members = members_of(inputs)
+    clusters = [merge_cluster(m, inputs, settings) for m in members]
+    counts = inputs.replicas
+    if counts:
+        clusters = [replace(c, pools=tuple(
+            replace(p, replicas_placed=n[0], replicas_starting=n[1])
+            if (n := counts.get((c.name, p.name))) else p for p in c.pools)) for c in clusters]
+    committed = with_commitments(clusters, inputs.running, inputs.workloads)
+    sites = {c.name for c in committed if c.is_edge}
+    users, peers = measured_rtts(inputs, settings, sites)
+    return FederationSnapshot(
+        now_s=inputs.now_s, clusters=committed, pending=inputs.pending,
+        running=inputs.running, user_regions=inputs.user_regions,
+        rtt_ms={**inputs.user_rtt_ms, **inputs.cluster_rtt_ms, **users, **peers},
+        tenants=inputs.tenants, egress_usd_per_gb=dict(inputs.egress_usd_per_gb),
+        bandwidth_gbps=dict(inputs.bandwidth_gbps))
