@@ -64,11 +64,17 @@ class MqttSettings(BaseModel):
 
 
 class UserRegionSettings(BaseModel):
-    """A place users are, for latency SLOs: a workload's `userRegion` may name it."""
+    """A place users are, for latency SLOs: a workload's `userRegion` may name it.
+
+    `probes`: the `host:port` probe points in that region that edge agents measure
+    (`skyfed-edge run --probe host:port`); their RTTs count as RTTs to this region. Agents
+    may instead name the region themselves (`--probe NAME=host:port`).
+    """
 
     name: str = Field(min_length=1)
     lat: float = Field(ge=-90, le=90)
     lon: float = Field(ge=-180, le=180)
+    probes: list[str] = Field(default_factory=list)
 
 
 class PlacementSettings(BaseModel):
@@ -118,6 +124,29 @@ class TelemetrySettings(BaseModel):
     queries: dict[str, str] = Field(default_factory=dict)
 
 
+class SnapshotSettings(BaseModel):
+    """How the live snapshot is sensed and how old a reading may be (docs/snapshot.md).
+
+    A reading older than its `*_max_age_s` is still used (it is the newest knowledge) but
+    marked stale in the cluster's provenance; a stale quota keeps only
+    `1 - stale_quota_margin` of its limit.
+    """
+
+    # Driver inventory poll (`ClusterDriver.inventory()` of every member).
+    inventory_interval_s: float = Field(default=2.0, gt=0, le=5.0)
+    inventory_timeout_s: float = Field(default=5.0, gt=0, le=60.0)
+    inventory_max_age_s: float = Field(default=30.0, gt=0)
+    # Synced offers and quotas (the sync loop runs every `sync.interval_s`, 300 s by default).
+    sync_max_age_s: float = Field(default=900.0, gt=0)
+    stale_quota_margin: float = Field(default=0.5, ge=0, le=1)
+    telemetry_max_age_s: float = Field(default=120.0, gt=0)
+    # Agent-measured RTTs and hub health.
+    rtt_max_age_s: float = Field(default=60.0, gt=0)
+    hub_max_age_s: float = Field(default=60.0, gt=0)
+    # Time constant of the per-pool demand EWMA (the twin's SimConfig.demand_tau_s).
+    demand_tau_s: float = Field(default=900.0, gt=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SKYFED_",
@@ -135,6 +164,7 @@ class Settings(BaseSettings):
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     sync: SyncSettings = Field(default_factory=SyncSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings)
 
     @property
     def store_url(self) -> str:

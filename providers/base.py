@@ -134,6 +134,10 @@ class NodeInventory:
     taints: tuple[str, ...] = ()
     topology: NodeTopology = field(default_factory=NodeTopology)
     ready: bool = True
+    unschedulable: bool = False  # cordoned (spec.unschedulable)
+    # Replicas of broker-managed workloads running on the node; None when the driver cannot
+    # tell (then "empty" means nothing requested at all). The scale-in idle timer's input.
+    replicas: int | None = None
 
 
 class WorkloadPhase(enum.StrEnum):

@@ -329,7 +329,7 @@ class KubernetesDriver:
             pods = []
         used = requested_by_node(pods)
         return [node_inventory(n, used.get((n.get("metadata") or {}).get("name", ""),
-                                           (0.0, 0.0, 0.0)))
+                                           (0.0, 0.0, 0.0, 0)))
                 for n in nodes]
 
     # ---- metrics.k8s.io (telemetry) ----------------------------------------------------

@@ -157,24 +157,30 @@ def status_of(obj: Mapping[str, Any]) -> DriverStatus | None:
     return deployment_status(wid, obj)
 
 
-def requested_by_node(pods: list[dict[str, Any]]) -> dict[str, tuple[float, float, float]]:
-    """Node name -> (cpu, memory GiB, GPUs) requested by the running pods on it."""
+def requested_by_node(pods: list[dict[str, Any]]
+                      ) -> dict[str, tuple[float, float, float, int]]:
+    """Node name -> (cpu, memory GiB, GPUs) requested by the running pods on it, and how
+    many of those pods the broker manages (its workloads' replicas)."""
     used: dict[str, list[float]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or (pod.get("status") or {}).get("phase", "Running") != "Running":
             continue
-        acc = used.setdefault(node, [0.0, 0.0, 0.0])
+        acc = used.setdefault(node, [0.0, 0.0, 0.0, 0.0])
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        acc[3] += 1.0 if labels.get(MANAGED_LABEL) == "skyfed" else 0.0
         for c in (pod.get("spec") or {}).get("containers") or []:
             req = ((c.get("resources") or {}).get("requests")) or {}
             acc[0] += quantity(req.get("cpu"))
             acc[1] += quantity(req.get("memory")) / 2**30
             acc[2] += quantity(req.get(GPU_RESOURCE))
-    return {node: (acc[0], acc[1], acc[2]) for node, acc in used.items()}
+    return {node: (acc[0], acc[1], acc[2], int(acc[3])) for node, acc in used.items()}
 
 
-def node_inventory(n: Mapping[str, Any], used: tuple[float, float, float]) -> NodeInventory:
-    """One Node object and the (cpu, memory GiB, GPUs) its running pods request."""
+def node_inventory(n: Mapping[str, Any], used: tuple[float, float, float, int]
+                   ) -> NodeInventory:
+    """One Node object, the (cpu, memory GiB, GPUs) its running pods request and how many
+    broker-managed pods run there."""
     meta, st = n.get("metadata") or {}, n.get("status") or {}
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     alloc = st.get("allocatable") or st.get("capacity") or {}
@@ -196,4 +202,6 @@ def node_inventory(n: Mapping[str, Any], used: tuple[float, float, float]) -> No
         topology=NodeTopology(gpu_count=gpus, gpu_model=labels.get(GPU_PRODUCT_LABEL),
                               interconnect=ic),
         ready=conds.get("Ready", "True") == "True",
+        unschedulable=bool((n.get("spec") or {}).get("unschedulable", False)),
+        replicas=used[3],
     )

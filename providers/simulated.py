@@ -92,6 +92,8 @@ class _Node:
     used_memory_gib: float = 0.0
     used_gpu: int = 0
     ready: bool = True
+    unschedulable: bool = False
+    taints: tuple[str, ...] = ()  # on this node only (the pool's apply to all)
 
 
 @dataclass(slots=True)
@@ -160,6 +162,18 @@ class SimulatedClusterDriver:
         self._node(node).ready = True
         self._reschedule()
 
+    def cordon_node(self, node: str, *, cordoned: bool = True) -> None:
+        """`kubectl cordon`: no new replicas land there; running ones stay."""
+        self._node(node).unschedulable = cordoned
+
+    def taint_node(self, node: str, taint: str) -> None:
+        """Add a `key=value:Effect` taint (e.g. a spot interruption notice) to one node."""
+        n = self._node(node)
+        n.taints = (*n.taints, taint)
+
+    def nodes_of(self, pool: str) -> list[str]:
+        return sorted(n.name for n in self._nodes.values() if n.pool.name == pool)
+
     def finish(self, workload_id: str, *, failed: bool = False, message: str = "") -> None:
         """End a batch/train workload (the twin decides when); frees its resources."""
         w = self._get(workload_id)
@@ -220,6 +234,12 @@ class SimulatedClusterDriver:
     async def inventory(self) -> list[NodeInventory]:
         self._maybe_fail("status", 0.0)
         out = []
+        on_node: dict[str, int] = {}
+        for w in self._workloads.values():
+            if w.finished is None:
+                for r in w.replicas:
+                    if r.node is not None:
+                        on_node[r.node] = on_node.get(r.node, 0) + 1
         for n in sorted(self._nodes.values(), key=lambda n: n.name):
             p = n.pool
             out.append(NodeInventory(
@@ -230,10 +250,10 @@ class SimulatedClusterDriver:
                 labels={**p.labels, "skyfed.io/pool": p.name,
                         **({"node.kubernetes.io/instance-type": p.instance_type}
                            if p.instance_type else {})},
-                taints=p.taints,
+                taints=(*p.taints, *n.taints),
                 topology=NodeTopology(gpu_count=p.gpu_per_node, gpu_model=p.gpu_model,
                                       interconnect=p.interconnect),
-                ready=n.ready,
+                ready=n.ready, unschedulable=n.unschedulable, replicas=on_node.get(n.name, 0),
             ))
         return out
 
@@ -277,13 +297,13 @@ class SimulatedClusterDriver:
 
     def _fits(self, spec: ApplySpec, n: _Node) -> bool:
         p = n.pool
-        if not n.ready or (spec.pool and p.name != spec.pool):
+        if not n.ready or n.unschedulable or (spec.pool and p.name != spec.pool):
             return False
         labels = {**p.labels, "skyfed.io/pool": p.name}
         if any(labels.get(k) != v for k, v in spec.node_selector.items()):
             return False
         tolerated = {str(t.get("key", "")) for t in spec.tolerations}
-        if any(t.split("=")[0].split(":")[0] not in tolerated for t in p.taints):
+        if any(t.split("=")[0].split(":")[0] not in tolerated for t in (*p.taints, *n.taints)):
             return False
         eps = 1e-9
         return (n.used_cpu + spec.cpu <= p.cpu_per_node + eps

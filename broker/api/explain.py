@@ -120,12 +120,15 @@ def _policy_explanation(record: object, clusters: list[str], policy: PolicyRunti
 async def whatif_placement(rt: RuntimeDep, principal: Auth, placement_id: PlacementId,
                            body: WhatIfIn) -> Response:
     from broker.federation.placement_loop import whatif_for_placement
+    from broker.federation.snapshot import SnapshotReader
     from broker.placement.planner import PlannerError
 
     try:
         out = await whatif_for_placement(
             rt.store, rt.settings.placement, placement_id, body.cluster,
-            tenant=scope_of(principal), catalog=rt.catalog, action_fn=rt.policy)
+            tenant=scope_of(principal), catalog=rt.catalog, action_fn=rt.policy,
+            reader=SnapshotReader(rt.settings.snapshot, rt.settings.placement,
+                                  catalog=rt.catalog))
     except PlannerError as exc:
         raise SpecError(str(exc), loc=("body", "cluster")) from exc
     return JsonResponse(out)

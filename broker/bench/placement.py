@@ -40,6 +40,7 @@ from broker.domain import (
     WorkloadSpec,
 )
 from broker.placement.planner import PlannerConfig, plan_epoch
+from broker.placement.snapshot import Member, MergeInputs, merge
 from providers.base import Offer
 from providers.catalog import Catalog
 
@@ -105,9 +106,12 @@ def generate(catalog: Catalog, n_workloads: int, n_options: int, *,
                       for i in range(n_workloads))
     rtt = {(u, k): catalog.rtt_ms(u, k)[0] for u in users for k in keys}
     egress = {(s, k): catalog.egress_usd_per_gb(s, k) for s in data_at for k in keys}
-    return FederationSnapshot(
-        now_s=0.0, clusters=tuple(clusters), pending=workloads, rtt_ms=rtt,
-        tenants=tuple(Tenant(f"tenant-{t}") for t in range(5)), egress_usd_per_gb=egress)
+    # The one snapshot builder (placement/snapshot.py): the generated clusters are
+    # registrations with nothing observed or synced yet.
+    return merge(MergeInputs(
+        now_s=0.0, members=tuple(Member(c) for c in clusters), pending=workloads,
+        user_rtt_ms=rtt, tenants=tuple(Tenant(f"tenant-{t}") for t in range(5)),
+        egress_usd_per_gb=egress))
 
 
 def _workload(i: int, rng: random.Random, users: list[str], data_at: list[str],

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 
 from broker.demo.federation import DemoFederation
 from broker.domain import FederationSnapshot, Placement, PolicyAction, Workload
+from broker.placement.network import batch_maps, cluster_pairs
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
+from broker.placement.snapshot import Member, MergeInputs, SiteMember, merge
 from providers.catalog import Catalog
 
 POLICIES = ("lp", "greedy", "traditional")
@@ -44,16 +46,19 @@ class PolicyResult:
 
 def demo_snapshot(fed: DemoFederation, workloads: Sequence[Workload] | None = None,
                   now_s: float = 0.0, catalog: Catalog | None = None) -> FederationSnapshot:
-    """The snapshot the live placement loop builds for this batch (placement_loop.snapshot):
-    the registered clusters (edge sites included), the pending batch, and the catalog's
-    measured RTTs and egress prices for it; no named user regions (the live loop has none)."""
-    from broker.federation.placement_loop import network_maps
-
-    clusters = fed.clusters + fed.site_clusters
+    """The snapshot the live placement loop merges for this batch (placement/snapshot.py):
+    the registered clusters and edge sites, the pending batch, and the catalog's network
+    maps for it; no named user regions (the live loop has none configured in the demo)."""
+    cat = catalog or Catalog.load()
     pending = tuple(workloads if workloads is not None else fed.domain_workloads(now_s))
-    rtt, egress = network_maps(catalog or Catalog.load(), clusters, pending)
-    return FederationSnapshot(now_s=now_s, clusters=clusters, pending=pending,
-                              rtt_ms=rtt, egress_usd_per_gb=egress)
+    clusters = fed.clusters + fed.site_clusters
+    rtt, egress = batch_maps(cat, clusters, pending)
+    pair_rtt, gbps = cluster_pairs(clusters, cat)
+    return merge(MergeInputs(
+        now_s=now_s, members=tuple(Member(c, registered_s=now_s) for c in fed.clusters),
+        sites=tuple(SiteMember(s, registered_s=now_s) for s in fed.domain_sites),
+        pending=pending, user_rtt_ms=rtt, egress_usd_per_gb=egress, cluster_rtt_ms=pair_rtt,
+        bandwidth_gbps=gbps))
 
 
 def _slo_missed(plan: EpochPlan, snapshot: FederationSnapshot) -> int:

@@ -28,16 +28,18 @@ from broker.domain import (
     Pool,
     PricingModel,
     Resources,
+    Site,
     UserRegion,
     Workload,
     WorkloadKind,
     WorkloadSpec,
 )
+from broker.placement.snapshot import EDGE_LABEL, site_cluster
 from providers.catalog import Catalog
 from providers.errors import ProviderError
 
 DEFAULT_DEMO_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.toml"
-EDGE_LABEL = "skyfed.io/edge"
+__all__ = ["EDGE_LABEL", "DemoFederation", "load_demo_federation"]
 
 
 class DemoConfigError(ValueError):
@@ -115,22 +117,23 @@ class DemoFederation:
         return tuple(UserRegion(u.name, u.lat, u.lon) for u in self.users)
 
     @property
+    def domain_sites(self) -> tuple[Site, ...]:
+        """The edge sites as registered (`POST /v1/sites`)."""
+        return tuple(Site(
+            name=s.name, lat=s.lat, lon=s.lon, capacity=Resources(s.cpu, s.memory_gib, s.gpu),
+            price_usd_per_hour=s.price_usd_per_hour, gpu_model=s.gpu_model,
+            interconnect=Interconnect.PCIE if s.gpu else Interconnect.NONE,
+            uplink_gbps=s.uplink_gbps, labels={EDGE_LABEL: "true"}) for s in self.sites)
+
+    @property
     def site_clusters(self) -> tuple[Cluster, ...]:
-        """Edge sites as member clusters too, so the placement LP can choose them."""
-        return tuple(Cluster(
-            name=s.name, provider="edge", region=s.name, lat=s.lat, lon=s.lon,
-            labels={EDGE_LABEL: "true"},
-            pools=(Pool(name="site", instance_type="edge",
-                        node=Resources(s.cpu, s.memory_gib, s.gpu), nodes=1, max_nodes=1,
-                        price_usd_per_hour=s.price_usd_per_hour, pricing=PricingModel.EDGE,
-                        gpu_model=s.gpu_model, largest_free_gpu_set=s.gpu,
-                        interconnect=Interconnect.PCIE if s.gpu else Interconnect.NONE),),
-        ) for s in self.sites)
+        """Edge sites as the planner sees them (the snapshot merge's rule)."""
+        return tuple(site_cluster(s) for s in self.domain_sites)
 
     # ---------------------------------------------------------------- API payloads
     def cluster_payloads(self) -> list[dict[str, Any]]:
-        """Cloud clusters, then the edge sites as `provider: edge` clusters."""
-        return [_cluster_payload(c) for c in self.clusters + self.site_clusters]
+        """The cloud clusters (edge sites are registered once, as sites)."""
+        return [_cluster_payload(c) for c in self.clusters]
 
     def site_payloads(self) -> list[dict[str, Any]]:
         return [{

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from broker.domain import Cluster, Placement, UserRegion, Workload, WorkloadKind
 from broker.federation.edge_core import EdgeService
+from broker.placement.snapshot import site_cluster
 from broker.placement.standby import EdgeServiceNeed
 from edge_agent.protocol import ServiceSpec
 
@@ -55,7 +56,7 @@ def edge_services(
 
 def edge_services_loader(rt: Runtime) -> Callable[[], Awaitable[Sequence[EdgeService]]]:
     """An `EdgeHub.service_loader` reading the store (one unit of work per call)."""
-    from broker.federation.placement_loop import user_regions
+    from broker.federation.snapshot import user_regions
 
     store = rt.store
     settings = rt.settings
@@ -63,6 +64,9 @@ def edge_services_loader(rt: Runtime) -> Callable[[], Awaitable[Sequence[EdgeSer
     async def load() -> Sequence[EdgeService]:
         async with store.unit() as uow:
             clusters = {c.name: c for c in await uow.clusters.list()}
+            sites = await uow.sites.list()
+            for site in sites:  # a site registered once is an edge cluster (no shadow row)
+                clusters.setdefault(site.name, site_cluster(site))
             edge_names = {n for n, c in clusters.items() if c.is_edge}
             if not edge_names:
                 return []
@@ -72,10 +76,8 @@ def edge_services_loader(rt: Runtime) -> Callable[[], Awaitable[Sequence[EdgeSer
                 return []
             workloads = await uow.workloads.get_many([p.workload_id for p in placed])
             sites = await uow.sites.list()
-        users = {u.name: u for u in user_regions(rt.offline_catalog(),
+        users = {u.name: u for u in user_regions(settings.placement, rt.offline_catalog(),
                                                   list(workloads.values()), sites)}
-        for u in settings.placement.user_regions:
-            users[u.name] = UserRegion(u.name, u.lat, u.lon)
         return edge_services(placed, clusters, workloads, users,
                              rtt_target_ms=settings.edge.rtt_target_ms)
 

@@ -3,9 +3,10 @@
 Every `epoch_s` (or at once when `wake()` is called because a batch filled; the
 `PollingLoop` base class does the waiting, on the injected clock),
 the loop reads the pending workloads (priority first, oldest first, at most
-`batch_max`), the clusters with their pools and usage, the active placements
-and the tenants' budgets, builds a `FederationSnapshot` (RTTs and egress
-prices for the batch from the catalog when it is available), then, in one
+`batch_max`) and every sensor (registrations, observed inventory, synced
+prices and quotas, telemetry, hub health, measured RTTs, the active
+placements, the tenants' budgets) and merges them into a `FederationSnapshot`
+(federation/snapshot.py reads, placement/snapshot.py merges), then, in one
 worker thread (`asyncio.to_thread`, so torch inference and the solve never
 block the event loop), asks the policy for its action and solves, and writes
 every placement with its decision record in ONE unit of work. Each decision
@@ -26,21 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from broker.clock import Clock
-from broker.domain import (
-    Cluster,
-    FederationSnapshot,
-    Placement,
-    PolicyAction,
-    Site,
-    UserRegion,
-    Workload,
-    WorkloadStatus,
-)
+from broker.domain import FederationSnapshot, Placement, PolicyAction, WorkloadStatus
 from broker.federation.looping import PollingLoop
 from broker.federation.policy_runtime import (
     PolicyDecision,
@@ -49,10 +41,9 @@ from broker.federation.policy_runtime import (
     share_observation,
 )
 from broker.federation.quarantine import Quarantine
-from broker.placement.commitments import with_commitments
+from broker.federation.snapshot import SnapshotReader
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
-from broker.placement.sanity import partition
-from broker.settings import PlacementSettings
+from broker.settings import PlacementSettings, SnapshotSettings
 from broker.store import Store
 
 if TYPE_CHECKING:
@@ -108,56 +99,6 @@ def _with_policy(placement: Placement, record: Mapping[str, object]) -> Placemen
                                         "policy_action": per_placement(record, placement)})
 
 
-def network_maps(catalog: Catalog | None, clusters: Sequence[Cluster],
-                 pending: Sequence[Workload]
-                 ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
-    """Catalog RTTs (user region -> cluster) and egress prices (data -> cluster) for a batch."""
-    rtt: dict[tuple[str, str], float] = {}
-    egress: dict[tuple[str, str], float] = {}
-    if catalog is None:
-        return rtt, egress
-    keys = {c.region_key for c in clusters if c.provider in ("aws", "gcp", "azure")}
-    users = {w.spec.user_region for w in pending if w.spec.user_region and
-             ":" in w.spec.user_region}
-    sources = {d.location for w in pending for d in w.spec.data if ":" in d.location}
-    for a in users:
-        for b in keys:
-            try:
-                rtt[(a, b)] = catalog.rtt_ms(a, b)[0]
-            except Exception:  # noqa: BLE001 - unknown region: the planner estimates instead
-                continue
-    for a in sources:
-        for b in keys:
-            try:
-                egress[(a, b)] = catalog.egress_usd_per_gb(a, b)
-            except Exception:  # noqa: BLE001 - unknown region: documented fallback applies
-                continue
-    return rtt, egress
-
-
-def user_regions(catalog: Catalog | None, pending: Sequence[Workload],
-                 sites: Sequence[Site]) -> tuple[UserRegion, ...]:
-    """Coordinates for the batch's user regions: edge sites by name, catalog regions by key.
-
-    With them the planner can estimate RTTs the catalog does not measure
-    (e.g. from `aws:us-east-1` users to an edge site).
-    """
-    out = {s.name: UserRegion(s.name, s.lat, s.lon) for s in sites}
-    if catalog is not None:
-        for w in pending:
-            key = w.spec.user_region
-            if not key or ":" not in key or key in out:
-                continue
-            provider, _, name = key.partition(":")
-            try:
-                region = catalog.region(provider, name)
-            except Exception:  # noqa: BLE001 - unknown region: no coordinates, no estimate
-                continue
-            if region.lat is not None and region.lon is not None:
-                out[key] = UserRegion(key, region.lat, region.lon)
-    return tuple(out.values())
-
-
 class PlacementLoop(PollingLoop):
     """See the module docstring. Each step is one `tick()`; `wake()` (from PollingLoop)
     starts the next tick now instead of after `settings.epoch_s`."""
@@ -166,9 +107,10 @@ class PlacementLoop(PollingLoop):
 
     def __init__(self, store: Store, clock: Clock, settings: PlacementSettings, *,
                  action_fn: ActionFn | None = None, catalog: Catalog | None = None,
-                 policy: str = "lp") -> None:
+                 policy: str = "lp", reader: SnapshotReader | None = None) -> None:
         super().__init__(clock, interval_s=settings.epoch_s)
         self._store = store
+        self.reader = reader or SnapshotReader(SnapshotSettings(), settings, catalog=catalog)
         self._settings = settings
         self._config = planner_config(settings)
         self._action_fn = action_fn or fixed_action(settings)
@@ -183,28 +125,9 @@ class PlacementLoop(PollingLoop):
         return await self.tick()
 
     async def snapshot(self) -> FederationSnapshot | None:
-        """Read one consistent view of what the planner needs; None if nothing is pending."""
-        async with self._store.unit() as uow:
-            pending = await uow.workloads.list_pending(limit=self._settings.batch_max)
-            if not pending:
-                return None
-            clusters = await self.quarantine.screen(uow, await uow.clusters.list())
-            running = await uow.placements.list_active()
-            committed = await uow.workloads.get_many([r.placement.workload_id for r in running])
-            tenants = await uow.tenants.list()
-            sites = await uow.sites.list()
-            now = uow.now
-        rtt, egress = network_maps(self._catalog, clusters, pending)
-        placed = [r.placement for r in running]
-        configured = tuple(UserRegion(u.name, u.lat, u.lon) for u in self._settings.user_regions)
-        return FederationSnapshot(
-            now_s=now, clusters=with_commitments(clusters, placed, committed),
-            pending=tuple(pending), running=tuple(placed),
-            user_regions=configured + tuple(
-                u for u in user_regions(self._catalog, pending, sites)
-                if u.name not in {c.name for c in configured}),
-            tenants=tuple(tenants),
-            rtt_ms=rtt, egress_usd_per_gb=egress)
+        """Every sensor, merged (federation/snapshot.py); None if nothing is pending."""
+        return await self.reader.pending_snapshot(self._store,
+                                                  batch_max=self._settings.batch_max)
 
     async def tick(self) -> EpochPlan | None:
         """One epoch: snapshot, solve off the loop, write everything in one transaction."""
@@ -246,8 +169,10 @@ class PlacementLoop(PollingLoop):
 
 def make_placement_loop(rt: Runtime) -> PlacementLoop:
     """The loop on `rt.policy` (fixed weights when None) and the offline catalog, if any."""
-    return PlacementLoop(rt.store, rt.clock, rt.settings.placement, action_fn=rt.policy,
-                         catalog=_load_catalog(rt))
+    catalog = _load_catalog(rt)
+    s = rt.settings
+    return PlacementLoop(rt.store, rt.clock, s.placement, action_fn=rt.policy, catalog=catalog,
+                         reader=SnapshotReader(s.snapshot, s.placement, catalog=catalog))
 
 
 def _load_catalog(rt: Runtime) -> Catalog | None:
@@ -261,37 +186,25 @@ def _load_catalog(rt: Runtime) -> Catalog | None:
 async def whatif_for_placement(store: Store, settings: PlacementSettings, placement_id: str,
                                force_cluster: str, *, tenant: str | None,
                                catalog: Catalog | None = None,
-                               action_fn: ActionFn | None = None) -> dict[str, object]:
+                               action_fn: ActionFn | None = None,
+                               reader: SnapshotReader | None = None) -> dict[str, object]:
     """Counterfactual for a stored placement: re-solve its workload with `force_cluster`.
 
-    The workload is re-planned alone against the current cluster state (the
-    other active placements are the `running` set), once freely and once
-    forced; the answer is explain.whatif's difference plus the stored
-    placement's own cost. Its current usage stays in the pools' usage, so
-    both sides see the same (slightly conservative) capacity.
+    The workload is re-planned alone against the current state, read and merged exactly as
+    the placement loop does (the other active placements are the `running` set), once
+    freely and once forced; the answer is explain.whatif's difference plus the stored
+    placement's own cost. Its current usage stays in the pools' observed usage, so both
+    sides see the same (slightly conservative) capacity.
     """
-    from dataclasses import replace
-
     from broker.placement.explain import whatif
 
-    async with store.unit() as uow:
-        rec = await uow.placements.get(placement_id, tenant=tenant)
-        wrec = await uow.workloads.get(rec.placement.workload_id, tenant=tenant)
-        clusters = partition(await uow.clusters.list())[0]
-        running = [r.placement for r in await uow.placements.list_active()
-                   if r.id != placement_id]
-        tenants = await uow.tenants.list()
-        sites = await uow.sites.list()
-        now = uow.now
-    workload = replace(wrec.workload, status=WorkloadStatus.PENDING)
-    rtt, egress = network_maps(catalog, clusters, [workload])
-    snap = FederationSnapshot(now_s=now, clusters=tuple(clusters), pending=(workload,),
-                              running=tuple(running), tenants=tuple(tenants), rtt_ms=rtt,
-                              user_regions=user_regions(catalog, [workload], sites),
-                              egress_usd_per_gb=egress)
+    reader = reader or SnapshotReader(SnapshotSettings(), settings, catalog=catalog)
+    snap, rec = await reader.whatif_snapshot(store, placement_id, tenant=tenant)
+    workload_id = snap.pending[0].id
+
     def solve() -> dict[str, object]:
         action = decide(action_fn or fixed_action(settings), snap, remember=False).action
-        return whatif(snap, action, planner_config(settings), workload.id, force_cluster)
+        return whatif(snap, action, planner_config(settings), workload_id, force_cluster)
 
     out = await asyncio.to_thread(solve)
     out["placement_id"] = placement_id

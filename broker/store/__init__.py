@@ -46,6 +46,7 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   record_dispatch_failure(id, error) -> attempts
                   list_active_on_cluster(cluster) -> list[PlacementRecord]  # placed/running
                   list_active(limit=10000) -> list[PlacementRecord]
+                  list_created_since(since_s, limit=20000) -> list[PlacementRecord]
                   list_to_withdraw(limit=500) -> list[PlacementRecord]  # cancelled but applied
                   retire(id)
                   get_decision(id, tenant=None) -> dict ; put_decision(id, decision)
@@ -63,12 +64,16 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   list(tenant=None) -> list[Site] ; list_records(tenant=None) ; set_attrs(name, a)
   uow.offers      upsert_many(offers) -> count ; list(provider=None, region=None) -> list[Offer]
                   updated_s(provider=, region=) -> float | None
+                  updated_times(provider=, region=) -> {instance_type: updated_s}
   uow.quotas      insert_snapshot(account=, provider=, quotas=, ok=True, error="", taken_s=None)
                   last_known_good(account) -> QuotaSnapshot | None
                   mark_account_stale(account, provider=, error=) -> consecutive failures
                   mark_account_fresh(account, provider=)
                   get_account(account) -> AccountState | None
                   (stale/fresh also set clusters.quota_stale where clusters.account == account)
+  uow.inventory   put(member, nodes, reclaims=None, observed_s=None)   # the poller's newest
+                  get(member) -> InventoryRecord | None ; list() -> {member: InventoryRecord}
+                  record_error(member, error) ; delete(member)
   uow.events      append(kind, subject, data=None, tenant=None, ts=None)   # append-only
                   list(tenant=None, after_id=0, limit=100, kind=None, subject=None)
   uow.tenants     ensure(name, budget_usd_per_hour=None) ; get(name) ; list()
@@ -92,6 +97,7 @@ from broker.store.records import (
     AccountState,
     ClusterRecord,
     Event,
+    InventoryRecord,
     Page,
     PlacementRecord,
     Principal,
@@ -105,6 +111,7 @@ __all__ = [
     "AccountState",
     "ClusterRecord",
     "Event",
+    "InventoryRecord",
     "Page",
     "PlacementRecord",
     "Principal",

@@ -38,6 +38,7 @@ from broker.domain import (
     WorkloadStatus,
 )
 from broker.limits import clip_spec, sanitize_json
+from broker.placement.observed import ObservedNode
 from broker.store.models import OfferRow, PoolRow, SiteRow, WorkloadRow
 from providers.base import Quota
 
@@ -241,3 +242,32 @@ def placement_from_values(workload_id: str, assignments: Sequence[Mapping[str, A
                           decision: Mapping[str, Any]) -> Placement:
     return Placement(workload_id=workload_id, assignments=assignments_from_json(assignments),
                      cost_usd_per_hour=cost, rtt_ms=rtt_ms, decision=dict(decision))
+
+
+def _res_json(r: Resources) -> dict[str, Any]:
+    return {"cpu": r.cpu, "memory_gib": r.memory_gib, "gpu": r.gpu}
+
+
+def _res(d: Mapping[str, Any]) -> Resources:
+    return Resources(float(d.get("cpu", 0.0)), float(d.get("memory_gib", 0.0)),
+                     int(d.get("gpu", 0)))
+
+
+def node_to_json(n: ObservedNode) -> dict[str, Any]:
+    return {"name": n.name, "pool": n.pool, "instance_type": n.instance_type,
+            "allocatable": _res_json(n.allocatable), "allocated": _res_json(n.allocated),
+            "ready": n.ready, "ever_ready": n.ever_ready, "unschedulable": n.unschedulable,
+            "taints": list(n.taints), "idle_since_s": n.idle_since_s, "prewarmed": n.prewarmed}
+
+
+def node_from_json(d: Mapping[str, Any]) -> ObservedNode:
+    idle = d.get("idle_since_s")
+    return ObservedNode(
+        name=str(d["name"]), pool=str(d.get("pool", "")),
+        instance_type=str(d.get("instance_type", "")),
+        allocatable=_res(d.get("allocatable") or {}), allocated=_res(d.get("allocated") or {}),
+        ready=bool(d.get("ready", True)), ever_ready=bool(d.get("ever_ready", True)),
+        unschedulable=bool(d.get("unschedulable", False)),
+        taints=tuple(str(t) for t in d.get("taints", ())),
+        idle_since_s=None if idle is None else float(idle),
+        prewarmed=bool(d.get("prewarmed", False)))

@@ -227,6 +227,13 @@ class OfferRepo:
             q = q.where(OfferRow.region == region)
         return [offer_from_row(r) for r in (await self._s.scalars(q)).all()]
 
+    async def updated_times(self, *, provider: str, region: str
+                            ) -> builtins.dict[str, float]:
+        """Instance type -> when its offer was last written (by sync) in (provider, region)."""
+        q = select(OfferRow.instance_type, OfferRow.updated_s).where(
+            OfferRow.provider == provider, OfferRow.region == region)
+        return {str(t): float(u) for t, u in (await self._s.execute(q)).all()}
+
     async def updated_s(self, *, provider: str, region: str) -> float | None:
         """When offers of (provider, region) were last refreshed, or None."""
         q = select(OfferRow.updated_s).where(OfferRow.provider == provider,

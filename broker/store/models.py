@@ -174,6 +174,24 @@ class QuotaSnapshotRow(Base):
     error: Mapped[str] = mapped_column(Text, default="")
 
 
+class InventoryRow(Base):
+    """The newest inventory one driver reported for a cluster or edge site (the poller's).
+
+    `nodes` is a list of node objects (docs/snapshot.md); `reclaims` counts, per spot pool,
+    nodes that went away after a termination notice since `since_s` (first observation).
+    No foreign key: an edge site registered only as a site has inventory too.
+    """
+
+    __tablename__ = "inventory"
+    member: Mapped[str] = mapped_column(String(128), primary_key=True)
+    observed_s: Mapped[float] = mapped_column(Float)
+    since_s: Mapped[float] = mapped_column(Float)
+    nodes: Mapped[list[Any]] = mapped_column(default=list)
+    reclaims: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[str] = mapped_column(Text, default="")
+    error_s: Mapped[float | None] = mapped_column(Float)
+
+
 class WorkloadRow(Base):
     __tablename__ = "workloads"
     __table_args__ = (

@@ -130,6 +130,14 @@ class PlacementRepo:
              .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
         return [_record(r) for r in (await self._s.scalars(q)).all()]
 
+    async def list_created_since(self, since_s: float, *,
+                                 limit: int = 20_000) -> list[PlacementRecord]:
+        """Placements (active or not) written at or after `since_s`, oldest first: the
+        history the demand EWMA is computed from (placement/observed.py `demand_rate`)."""
+        q = (select(PlacementRow).where(PlacementRow.created_s >= since_s)
+             .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
+        return [_record(r) for r in (await self._s.scalars(q)).all()]
+
     async def list_to_withdraw(self, *, limit: int = 500) -> list[PlacementRecord]:
         """Dispatched, still-active placements whose workload was cancelled: delete them."""
         q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.domain import Cluster, Placement, Site, Workload
+from broker.placement.observed import ObservedNode
 from providers.base import Quota
 
 
@@ -100,3 +101,16 @@ class Page:
 
     items: tuple[Any, ...]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryRecord:
+    """A member's newest observed nodes (see store/inventory.py)."""
+
+    member: str
+    observed_s: float
+    since_s: float
+    nodes: tuple[ObservedNode, ...]
+    reclaims: Mapping[str, int] = field(default_factory=dict)
+    error: str = ""
+    error_s: float | None = None

@@ -1,0 +1,336 @@
+"""The live snapshot: read every sensor from the store, hand the values to the pure merge.
+
+`SnapshotReader` is the one place the live broker assembles a `FederationSnapshot` (the
+placement loop, what-if and explain, `GET /v1/clusters/{name}`); the rules that combine the
+readings are broker/placement/snapshot.py's, shared with the twin. What it reads, each with
+the time it was read (the merge turns those into `Provenance` ages):
+
+- registrations: clusters (`uow.clusters`) and edge sites (`uow.sites`); a cluster registered
+  by the admin tenant is federation-wide, one registered by a tenant is that tenant's;
+- observed inventory (`uow.inventory`, written by federation/inventory.py every poll);
+- synced offers (`uow.offers`, with the time sync wrote them) and each account's newest good
+  quota snapshot (`uow.quotas`), with the account's stale flag;
+- telemetry (`attrs.telemetry` of each cluster: per-node CPU/memory in use, Metrics Server);
+- hub health and agent-measured RTTs (`sites.health`, `attrs.rtt` of each site, written by
+  the edge hub); an RTT to a `host:port` probe counts for the user region that lists that
+  probe (`[[placement.user_regions]] probes`);
+- the pending batch, the active placements with their workloads (commitments, replica
+  counts) and the placements of the last 5 demand time constants (the demand EWMA).
+
+Network maps (catalog RTTs, egress, the cluster graph) come from the offline catalog through
+placement/network.py; the cluster graph is cached per set of clusters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from broker.domain import (
+    Cluster,
+    FederationSnapshot,
+    Placement,
+    Resources,
+    Site,
+    UserRegion,
+    Workload,
+    WorkloadStatus,
+)
+from broker.placement.network import NetworkCatalog, batch_maps, cluster_pairs
+from broker.placement.observed import Inventory, demand_rate, pool_of
+from broker.placement.snapshot import (
+    HubReading,
+    Member,
+    MergeInputs,
+    MergeSettings,
+    PriceReading,
+    QuotaReading,
+    RttReading,
+    SiteMember,
+    UsageReading,
+    members_of,
+    merge,
+    merge_cluster,
+    replica_counts,
+)
+from broker.settings import PlacementSettings, SnapshotSettings
+from broker.store import ClusterRecord, InventoryRecord, SiteRecord, Store, UnitOfWork
+
+log = logging.getLogger(__name__)
+
+OPERATOR_TENANTS = frozenset({"admin"})
+DEMAND_WINDOW_TAUS = 5.0  # older placements weigh < e^-5 = 0.7 % in the demand EWMA
+Pair = tuple[str, str]
+
+
+def merge_settings(s: SnapshotSettings) -> MergeSettings:
+    return MergeSettings(inventory_max_age_s=s.inventory_max_age_s,
+                         sync_max_age_s=s.sync_max_age_s,
+                         telemetry_max_age_s=s.telemetry_max_age_s,
+                         rtt_max_age_s=s.rtt_max_age_s, hub_max_age_s=s.hub_max_age_s,
+                         stale_quota_margin=s.stale_quota_margin)
+
+
+@dataclass(frozen=True)
+class Readings:
+    """Everything read from the store in one unit of work (before merging)."""
+
+    now_s: float
+    clusters: tuple[ClusterRecord, ...]
+    sites: tuple[SiteRecord, ...]
+    inventory: Mapping[str, InventoryRecord]
+    prices: Mapping[tuple[str, str, str], PriceReading]
+    quotas: Mapping[tuple[str, str], QuotaReading]
+    pending: tuple[Workload, ...] = ()
+    running: tuple[Placement, ...] = ()
+    workloads: Mapping[str, Workload] = field(default_factory=dict)
+    history: tuple[tuple[Placement, float], ...] = ()  # (placement, created_s)
+    tenants: tuple[Any, ...] = ()
+
+
+def _member(rec: ClusterRecord) -> Member:
+    sources = rec.attrs.get("price_sources")
+    return Member(cluster=rec.cluster, tenant=rec.tenant,
+                  operator=rec.tenant in OPERATOR_TENANTS, account=rec.account,
+                  registered_s=rec.updated_s,
+                  price_sources=dict(sources) if isinstance(sources, Mapping) else {})
+
+
+def _site_member(rec: SiteRecord) -> SiteMember:
+    return SiteMember(site=rec.site, tenant=rec.tenant, operator=rec.tenant in OPERATOR_TENANTS,
+                      registered_s=rec.updated_s)
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def usage_of(rec: ClusterRecord, inventory: InventoryRecord | None) -> UsageReading | None:
+    """Metrics Server's per-node usage (attrs.telemetry.nodes) summed per pool."""
+    t = rec.attrs.get("telemetry")
+    if not isinstance(t, Mapping) or _float(t.get("read_s")) is None:
+        return None
+    nodes = t.get("nodes")
+    if not isinstance(nodes, Mapping) or inventory is None:
+        return None
+    known = {n.name: n for n in inventory.nodes}
+    pools: dict[str, Resources] = {}
+    for name, value in nodes.items():
+        node = known.get(str(name))
+        if node is None or not isinstance(value, Sequence) or len(value) != 2:
+            continue
+        cpu, mem = _float(value[0]), _float(value[1])
+        pool = pool_of(node, rec.cluster.pools)
+        if pool is None or cpu is None or mem is None:
+            continue
+        pools[pool] = pools.get(pool, Resources()) + Resources(cpu, mem, 0)
+    return UsageReading(read_s=float(t["read_s"]), pools=pools)
+
+
+def rtts_of(sites: Sequence[SiteRecord], aliases: Mapping[str, str]) -> tuple[RttReading, ...]:
+    """Agent-measured RTTs (attrs.rtt: target -> {ms, at_s}); probe addresses -> region."""
+    out = []
+    for rec in sites:
+        table = rec.attrs.get("rtt")
+        if not isinstance(table, Mapping):
+            continue
+        for target, v in table.items():
+            if not isinstance(v, Mapping):
+                continue
+            ms, at = _float(v.get("ms")), _float(v.get("at_s"))
+            if ms is None or at is None:
+                continue
+            out.append(RttReading(site=rec.site.name, target=aliases.get(str(target),
+                                                                         str(target)),
+                                  ms=ms, measured_s=at))
+    return tuple(out)
+
+
+def demand_of(history: Sequence[tuple[Placement, float]], workloads: Mapping[str, Workload],
+              now_s: float, tau_s: float) -> dict[Pair, tuple[float, float]]:
+    """Per (cluster, pool): the EWMA of requested vCPUs and GPUs per second."""
+    cpu: dict[Pair, list[tuple[float, float]]] = {}
+    gpu: dict[Pair, list[tuple[float, float]]] = {}
+    for p, created_s in history:
+        w = workloads.get(p.workload_id)
+        if w is None:
+            continue
+        for a in p.assignments:
+            key = (a.cluster, a.pool)
+            cpu.setdefault(key, []).append((created_s, w.spec.resources.cpu * a.replicas))
+            gpu.setdefault(key, []).append((created_s, w.spec.resources.gpu * a.replicas))
+    return {k: (demand_rate(cpu[k], now_s, tau_s), demand_rate(gpu.get(k, []), now_s, tau_s))
+            for k in cpu}
+
+
+async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
+               running: bool = True, demand_tau_s: float | None = None) -> Readings:
+    """One consistent read of every sensor (see the module docstring)."""
+    now = uow.now
+    clusters = tuple(await uow.clusters.list_records())
+    sites = tuple(await uow.sites.list_records())
+    inventory = await uow.inventory.list()
+    prices = await _prices(uow, clusters)
+    quotas = await _quotas(uow, clusters)
+    placed: list[Placement] = []
+    history: list[tuple[Placement, float]] = []
+    if running:
+        placed = [r.placement for r in await uow.placements.list_active()]
+    if demand_tau_s is not None:
+        since = now - DEMAND_WINDOW_TAUS * demand_tau_s
+        history = [(r.placement, r.created_s)
+                   for r in await uow.placements.list_created_since(since)]
+    ids = {p.workload_id for p in placed} | {p.workload_id for p, _ in history}
+    workloads = await uow.workloads.get_many(sorted(ids)) if ids else {}
+    return Readings(now_s=now, clusters=clusters, sites=sites, inventory=inventory,
+                    prices=prices, quotas=quotas, pending=tuple(pending),
+                    running=tuple(placed), workloads=workloads, history=tuple(history),
+                    tenants=tuple(await uow.tenants.list()))
+
+
+async def _prices(uow: UnitOfWork, clusters: Sequence[ClusterRecord]
+                  ) -> dict[tuple[str, str, str], PriceReading]:
+    out: dict[tuple[str, str, str], PriceReading] = {}
+    for provider, region in sorted({(r.cluster.provider, r.cluster.region) for r in clusters}):
+        synced = await uow.offers.updated_times(provider=provider, region=region)
+        for o in await uow.offers.list(provider=provider, region=region):
+            at = synced.get(o.instance_type)
+            if at is not None:
+                out[(provider, region, o.instance_type)] = PriceReading(o, at)
+    return out
+
+
+async def _quotas(uow: UnitOfWork, clusters: Sequence[ClusterRecord]
+                  ) -> dict[tuple[str, str], QuotaReading]:
+    out: dict[tuple[str, str], QuotaReading] = {}
+    for account in sorted({r.account for r in clusters if r.account}):
+        snap = await uow.quotas.last_known_good(account)
+        if snap is None:
+            continue
+        state = await uow.quotas.get_account(account)
+        failing = state is not None and state.stale
+        regions: dict[str, dict[str, list[float]]] = {}
+        for q in snap.quotas:
+            metric = "gpu" if q.metric == "gpu" or q.metric.startswith("gpu:") else q.metric
+            acc = regions.setdefault(q.region, {}).setdefault(metric, [0.0, 0.0])
+            acc[0] += q.limit
+            acc[1] += q.used
+        for region, m in regions.items():
+            vcpu, gpu = m.get("vcpu"), m.get("gpu")
+            out[(account, region)] = QuotaReading(
+                synced_s=snap.taken_s, vcpu_limit=vcpu[0] if vcpu else None,
+                vcpu_used=vcpu[1] if vcpu else 0.0, gpu_limit=gpu[0] if gpu else None,
+                gpu_used=gpu[1] if gpu else 0.0, failing=failing)
+    return out
+
+
+def user_regions(placement: PlacementSettings, catalog: NetworkCatalog | None,
+                 pending: Sequence[Workload], sites: Sequence[Site]) -> tuple[UserRegion, ...]:
+    """Configured user regions, then edge sites by name, then the batch's catalog regions
+    (so the planner can estimate RTTs the catalog does not measure)."""
+    out = {u.name: UserRegion(u.name, u.lat, u.lon) for u in placement.user_regions}
+    for s in sites:
+        out.setdefault(s.name, UserRegion(s.name, s.lat, s.lon))
+    if catalog is not None:
+        for w in pending:
+            key = w.spec.user_region
+            if not key or ":" not in key or key in out:
+                continue
+            provider, _, name = key.partition(":")
+            try:
+                region = catalog.region(provider, name)
+            except Exception:  # noqa: BLE001 - unknown region: no coordinates, no estimate
+                continue
+            if region.lat is not None and region.lon is not None:
+                out[key] = UserRegion(key, region.lat, region.lon)
+    return tuple(out.values())
+
+
+class SnapshotReader:
+    """Reads the store and merges (see the module docstring). One per broker process."""
+
+    def __init__(self, settings: SnapshotSettings, placement: PlacementSettings, *,
+                 catalog: NetworkCatalog | None = None) -> None:
+        self.settings = settings
+        self.placement = placement
+        self.catalog = catalog
+        self.merge_settings = merge_settings(settings)
+        self._pairs: tuple[tuple[Any, ...], tuple[dict[Pair, float], dict[Pair, float]]] | None
+        self._pairs = None
+        self._aliases = {probe: u.name for u in placement.user_regions for probe in u.probes}
+
+    def inputs(self, r: Readings) -> MergeInputs:
+        members = tuple(_member(c) for c in r.clusters)
+        sites = tuple(_site_member(s) for s in r.sites)
+        inputs = MergeInputs(
+            now_s=r.now_s, members=members, sites=sites,
+            inventory={k: Inventory(v.observed_s, v.nodes, v.reclaims, v.since_s)
+                       for k, v in r.inventory.items()},
+            prices=r.prices, quotas=r.quotas,
+            usage={c.cluster.name: u for c in r.clusters
+                   if (u := usage_of(c, r.inventory.get(c.cluster.name))) is not None},
+            hub={s.site.name: HubReading(s.site.health, s.last_seen_s) for s in r.sites},
+            rtts=rtts_of(r.sites, self._aliases), pending=r.pending, running=r.running,
+            workloads=r.workloads, replicas=replica_counts(r.running, r.workloads),
+            demand=demand_of(r.history, r.workloads, r.now_s, self.settings.demand_tau_s),
+            tenants=r.tenants)
+        clusters = [m.cluster for m in members_of(inputs)]
+        pair_rtt, gbps = self._cluster_pairs(clusters)
+        user_rtt, egress = batch_maps(self.catalog, clusters, r.pending)
+        return replace(inputs, user_regions=user_regions(
+                           self.placement, self.catalog, r.pending, [s.site for s in r.sites]),
+                       user_rtt_ms=user_rtt, egress_usd_per_gb=egress,
+                       cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps)
+
+    def _cluster_pairs(self, clusters: Sequence[Cluster]
+                       ) -> tuple[dict[Pair, float], dict[Pair, float]]:
+        key = tuple(sorted((c.name, c.provider, c.region, c.lat, c.lon) for c in clusters))
+        if self._pairs is None or self._pairs[0] != key:
+            self._pairs = (key, cluster_pairs(list(clusters), self.catalog))
+        return self._pairs[1]
+
+    def snapshot(self, r: Readings) -> FederationSnapshot:
+        return merge(self.inputs(r), self.merge_settings)
+
+    async def pending_snapshot(self, store: Store, *, batch_max: int
+                               ) -> FederationSnapshot | None:
+        """The placement loop's epoch: None when nothing is pending."""
+        async with store.unit() as uow:
+            pending = await uow.workloads.list_pending(limit=batch_max)
+            if not pending:
+                return None
+            r = await read(uow, pending=pending, demand_tau_s=self.settings.demand_tau_s)
+        return self.snapshot(r)
+
+    async def whatif_snapshot(self, store: Store, placement_id: str, *, tenant: str | None
+                              ) -> tuple[FederationSnapshot, Any]:
+        """A stored placement's workload re-asked alone, against today's state without it."""
+        async with store.unit() as uow:
+            rec = await uow.placements.get(placement_id, tenant=tenant)
+            wrec = await uow.workloads.get(rec.placement.workload_id, tenant=tenant)
+            workload = replace(wrec.workload, status=WorkloadStatus.PENDING)
+            r = await read(uow, pending=[workload], demand_tau_s=self.settings.demand_tau_s)
+        others = tuple(p for p in r.running if p.workload_id != workload.id)
+        return self.snapshot(replace(r, running=others)), rec
+
+    async def cluster(self, store: Store, name: str, *, tenant: str | None
+                      ) -> tuple[Cluster, Readings, ClusterRecord | SiteRecord]:
+        """One member merged (API `GET /v1/clusters/{name}`): the cluster, the readings and
+        its registration record. NotFoundError when neither a cluster nor a site has it."""
+        from broker.errors import NotFoundError
+
+        async with store.unit() as uow:
+            r = await read(uow, running=True)
+        inputs = self.inputs(r)
+        members = {m.cluster.name: m for m in members_of(inputs)}
+        record: ClusterRecord | SiteRecord | None = next(
+            (c for c in r.clusters if c.cluster.name == name), None) or next(
+            (s for s in r.sites if s.site.name == name), None)
+        if name not in members or record is None or (
+                tenant is not None and record.tenant != tenant):
+            raise NotFoundError(kind="cluster", key=name)
+        merged = merge_cluster(members[name], inputs, self.merge_settings)
+        return merged, r, record
