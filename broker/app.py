@@ -75,6 +75,7 @@ def build_loops(rt: Runtime) -> list[Loop]:
     from broker.federation.dispatcher import make_dispatcher
     from broker.federation.drivers import make_driver_refresh
     from broker.federation.edge_hub import make_edge_hub
+    from broker.federation.inventory import make_inventory_poller
     from broker.federation.placement_loop import make_placement_loop
     from broker.federation.quota_sync import make_quota_sync
     from broker.federation.reconciler import make_reconciler
@@ -82,6 +83,7 @@ def build_loops(rt: Runtime) -> list[Loop]:
 
     rt.quota_sync = make_quota_sync(rt)
     rt.telemetry = make_telemetry(rt)
+    rt.inventory = make_inventory_poller(rt)
     rt.placement_loop = make_placement_loop(rt)
     rt.dispatcher = make_dispatcher(rt)
     rt.reconciler = make_reconciler(rt)

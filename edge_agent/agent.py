@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.journal import Journal
-from edge_agent.probe import LoadSampler, probe_all
+from edge_agent.probe import LoadSampler, parse_target, probe_all
 from edge_agent.protocol import (
     COUNT_MAX,
     DEFAULT_PREFIX,
@@ -75,8 +75,8 @@ class AgentConfig:
     heartbeat_ms: int = 100
     keepalive_s: int = 5
     data_dir: Path = Path(".skyfed-edge")
-    peers: tuple[str, ...] = ()  # host:port of peer sites (TCP connect RTT)
-    probes: tuple[str, ...] = ()  # host:port of user probe points
+    peers: tuple[str, ...] = ()  # [SITE=]host:port of peer sites (TCP connect RTT)
+    probes: tuple[str, ...] = ()  # [REGION=]host:port of user probe points (probe.py)
     probe_every_s: float = 5.0
     load_every_s: float = 2.0
     echo_every_s: float = 1.0
@@ -104,6 +104,8 @@ class _Stats:
 class EdgeAgent:
     def __init__(self, config: AgentConfig) -> None:
         Topics.check_name(config.site)
+        for target in (*config.peers, *config.probes):
+            parse_target(target)  # a bad probe fails at start, naming itself
         self.config = config
         self.site = config.site
         self.topics = Topics(config.prefix)

@@ -37,8 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-ms", type=int, default=100)
     p.add_argument("--keepalive-s", type=int, default=5)
     p.add_argument("--data-dir", type=Path, default=Path(".skyfed-edge"))
-    p.add_argument("--peer", action="append", default=[], help="host:port of a peer site")
-    p.add_argument("--probe", action="append", default=[], help="host:port of a user probe point")
+    p.add_argument("--peer", action="append", default=[],
+                   help="[SITE=]host:port of a peer site (RTT reported under SITE)")
+    p.add_argument("--probe", action="append", default=[],
+                   help="[REGION=]host:port of a user probe point (RTT reported under the "
+                        "user region's name, the key placement looks RTTs up by)")
     p.add_argument("--probe-every-s", type=float, default=5.0)
     p.add_argument("--load-every-s", type=float, default=2.0)
     p.add_argument("--cache-max-gib", type=float, default=10.0)

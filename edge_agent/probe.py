@@ -5,7 +5,10 @@
   sampled on their own slower cadence (`LoadSampler.refresh`), not per
   heartbeat, so a 100 ms heartbeat stays cheap (idle CPU < 1 %).
 - RTT to peer sites and user probe points: TCP connect time (SYN -> SYN/ACK is
-  one round trip; no payload, so no server cooperation is needed).
+  one round trip; no payload, so no server cooperation is needed). A target is
+  `host:port` or `NAME=host:port`; the heartbeat reports each RTT under NAME when
+  given (a user region's or peer site's name: the key the broker's placement and
+  standby ranking look RTTs up by), else under `host:port`.
 - RTT to the broker: the agent publishes an `Echo` on its own echo topic and
   times its return (see agent.py); that measures the MQTT path the failover
   commands take, not just the TCP path.
@@ -52,13 +55,27 @@ async def tcp_connect_ms(host: str, port: int, *, timeout_s: float = 1.0) -> flo
     return elapsed
 
 
+def parse_target(value: str) -> tuple[str, str, int]:
+    """`NAME=host:port` or `host:port` -> (key the RTT is reported under, host, port)."""
+    name, sep, addr = value.partition("=")
+    if not sep:
+        name, addr = value, value
+    elif not name:
+        raise ValueError(f"empty probe name in {value!r}")
+    host, port = parse_hostport(addr)
+    return name, host, port
+
+
 async def probe_all(targets: list[str], *, timeout_s: float = 1.0) -> dict[str, float]:
-    """TCP connect RTTs for every `host:port` in `targets`; failures are left out."""
+    """TCP connect RTTs for every target (`host:port` or `NAME=host:port`), keyed by NAME
+    when given, else by `host:port`; failures are left out."""
     if not targets:
         return {}
-    addrs = [parse_hostport(t) for t in targets]
-    results = await asyncio.gather(*(tcp_connect_ms(h, p, timeout_s=timeout_s) for h, p in addrs))
-    return {t: round(r, 3) for t, r in zip(targets, results, strict=True) if r is not None}
+    parsed = [parse_target(t) for t in targets]
+    results = await asyncio.gather(*(tcp_connect_ms(h, p, timeout_s=timeout_s)
+                                     for _, h, p in parsed))
+    return {k: round(r, 3) for (k, _, _), r in zip(parsed, results, strict=True)
+            if r is not None}
 
 
 class LoadSampler:

@@ -174,7 +174,7 @@ class Heartbeat(_Msg):
     gpu_frac: Frac | None = None  # mean GPU utilisation 0..1, None without GPUs
     rss_mb: float = Field(default=0.0, ge=0, le=1e9)  # the agent's own resident memory
     broker_rtt_ms: RttMs | None = None  # MQTT round trip agent -> broker -> agent
-    # "host:port" -> TCP connect ms
+    # probe name (a user region or peer site; "host:port" when unnamed) -> TCP connect ms
     peer_rtt_ms: dict[Name, RttMs] = Field(default_factory=dict, max_length=1000)
     services: dict[Name, ServiceState] = Field(default_factory=dict, max_length=10_000)
 

@@ -19,12 +19,15 @@ from starlette.responses import Response
 from broker.api.deps import Admin, Auth, RuntimeDep, current_principal, get_runtime, scope_of
 from broker.api.openapi import PAGE_SCHEMA, answers
 from broker.api.problems import BodyTooLargeError
-from broker.api.schemas import ClusterIn, SiteIn, TokenIn, WorkloadIn
+from broker.api.schemas import NAME_RE, ClusterIn, SiteIn, TokenIn, WorkloadIn
 from broker.api.views import (
     JsonResponse,
+    cluster_detail_view,
     cluster_view,
     event_view,
+    observed_view,
     placement_view,
+    site_cluster_view,
     site_view,
     workload_view,
 )
@@ -32,6 +35,7 @@ from broker.domain import Offer, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, SpecError
 from broker.federation.runtime import Runtime
 from broker.limits import TEXT_PATTERN, is_text
+from broker.store import ClusterRecord
 from broker.store.mapping import spec_sha256, spec_to_json
 from providers.errors import NotFoundError as ProviderNotFoundError
 
@@ -54,6 +58,7 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 ID_PATTERN = r"^[A-Za-z0-9._-]+$"
 WorkloadId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
 PlacementId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
+MemberName = Annotated[str, Path(min_length=1, max_length=128, pattern=NAME_RE)]
 Cursor = Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_=-]*$")]
 _BODY = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/WorkloadIn"}},
                      "application/yaml": {"schema": {"$ref": "#/components/schemas/WorkloadIn"}}},
@@ -162,20 +167,51 @@ async def cancel_workload(request: Request, rt: RuntimeDep, principal: Auth,
 @router.post("/clusters", status_code=201, responses=answers(201, 200, 401, 409, 413, 422, 503),
              summary="Register or replace a member cluster")
 async def register_cluster(rt: RuntimeDep, principal: Auth, body: ClusterIn) -> Response:
+    # Where each pool's price comes from until sync has one (the snapshot's provenance).
+    sources = {p.name: "catalog" if p.price_usd_per_hour is None else "registration"
+               for p in body.pools}
     body = body.with_catalog(_catalog_offer(rt))
     async with rt.store.unit() as uow:
         created = await uow.clusters.upsert(body.to_domain(), tenant=principal.tenant,
                                             account=body.account, attrs=body.attrs)
+        await uow.clusters.set_attrs(body.name, {"price_sources": sources})
         rec = await uow.clusters.get(body.name)
     return JsonResponse(cluster_view(rec), status_code=201 if created else 200)
 
 
 @router.get("/clusters", responses=answers(200, 401, 503, ok=PAGE_SCHEMA),
-            summary="List member clusters")
+            summary="List member clusters (registered, and what was observed)")
 async def list_clusters(rt: RuntimeDep, principal: Auth) -> Response:
     async with rt.store.unit() as uow:
         recs = await uow.clusters.list_records(tenant=scope_of(principal))
-    return JsonResponse({"items": [cluster_view(r) for r in recs], "nextCursor": None})
+        inventory = await uow.inventory.list()
+        now = uow.now
+    return JsonResponse({"items": [
+        cluster_view(r) | {"observed": observed_view(inventory.get(r.cluster.name), now)}
+        for r in recs], "nextCursor": None})
+
+
+@router.get("/clusters/{name}", responses=answers(200, 401, 404, 422, 503),
+            summary="One member: registration, observed inventory, price and quota provenance")
+async def get_cluster(rt: RuntimeDep, principal: Auth, name: MemberName) -> Response:
+    """A registered cluster, or an edge site as the edge cluster the planner sees, merged
+    from every sensor the way the placement loop merges it (placement/snapshot.py)."""
+    from broker.federation.snapshot import SnapshotReader
+
+    reader = SnapshotReader(rt.settings.snapshot, rt.settings.placement)
+    merged, readings, record = await reader.cluster(rt.store, name,
+                                                    tenant=scope_of(principal))
+    if isinstance(record, ClusterRecord):
+        base = cluster_view(record)
+        quota = readings.quotas.get((record.account or "", merged.region)) \
+            if record.account else None
+    else:
+        base, quota = site_cluster_view(record, merged), None
+    limit = quota.vcpu_limit if quota is not None else record.cluster.quota_vcpu \
+        if isinstance(record, ClusterRecord) else None
+    used = quota.vcpu_used if quota is not None and quota.vcpu_limit is not None else None
+    return JsonResponse(cluster_detail_view(base, merged, readings.inventory.get(name),
+                                            limit, used, readings.now_s))
 
 
 @router.post("/sites", status_code=201, responses=answers(201, 200, 401, 409, 413, 422, 503),

@@ -9,8 +9,16 @@ from typing import Any
 
 from starlette.responses import Response
 
-from broker.domain import Cluster, Pool, Site, WorkloadSpec
-from broker.store import ClusterRecord, Event, PlacementRecord, SiteRecord, WorkloadRecord
+from broker.domain import Cluster, NodeLeaving, Pool, Provenance, Site, WorkloadSpec
+from broker.placement.observed import leaving
+from broker.store import (
+    ClusterRecord,
+    Event,
+    InventoryRecord,
+    PlacementRecord,
+    SiteRecord,
+    WorkloadRecord,
+)
 
 try:
     import orjson
@@ -94,6 +102,62 @@ def cluster_view(r: ClusterRecord) -> dict[str, Any]:
             "labels": dict(c.labels), "taints": list(c.taints), "quotaVcpu": c.quota_vcpu,
             "quotaGpu": c.quota_gpu, "healthy": c.healthy, "quotaStale": c.quota_stale,
             "pools": [_pool_view(p) for p in c.pools], "attrs": dict(r.attrs),
+            "updatedS": r.updated_s}
+
+
+def observed_view(inv: InventoryRecord | None, now_s: float) -> dict[str, Any] | None:
+    """What the driver last reported (null before the first poll); `observedAt` advances
+    with every poll, `cpuAllocated` is what is requested on the nodes now."""
+    if inv is None:
+        return None
+    counted = [n for n in inv.nodes if leaving(n) is NodeLeaving.NO]
+    return {
+        "nodes": len(inv.nodes), "nodesLeaving": len(inv.nodes) - len(counted),
+        "cpuAllocatable": round(sum(n.allocatable.cpu for n in counted), 6),
+        "cpuAllocated": round(sum(n.allocated.cpu for n in counted), 6),
+        "memoryAllocatableGib": round(sum(n.allocatable.memory_gib for n in counted), 6),
+        "memoryAllocatedGib": round(sum(n.allocated.memory_gib for n in counted), 6),
+        "gpuFree": sum(max(0, n.allocatable.gpu - n.allocated.gpu) for n in counted),
+        "observedAt": inv.observed_s, "ageS": round(max(0.0, now_s - inv.observed_s), 3),
+        "lastError": inv.error or None,
+    }
+
+
+def _provenance(p: Provenance | None) -> dict[str, Any]:
+    if p is None:
+        return {"source": "none", "ageS": None, "stale": False}
+    return {"source": p.source, "ageS": p.age_s, "stale": p.stale}
+
+
+def cluster_detail_view(base: dict[str, Any], merged: Cluster, inv: InventoryRecord | None,
+                        quota_limit: float | None, quota_used: float | None,
+                        now_s: float) -> dict[str, Any]:
+    """`GET /v1/clusters/{name}`: the registration plus what the snapshot merge made of it
+    (placement/snapshot.py): observed inventory, where prices and quota come from and how
+    old they are, and the values the planner uses now (`effective`)."""
+    quota = _provenance(merged.provenance.get("quota"))
+    quota |= {"vcpuLimit": quota_limit, "vcpuUsed": quota_used,
+              "vcpuEffective": merged.quota_vcpu, "gpuEffective": merged.quota_gpu}
+    return base | {
+        "observed": observed_view(inv, now_s),
+        "pricing": _provenance(merged.provenance.get("pricing")),
+        "quota": quota,
+        "health": _provenance(merged.provenance.get("health")) | {"healthy": merged.healthy},
+        "effective": {"healthy": merged.healthy, "quotaVcpu": merged.quota_vcpu,
+                      "quotaGpu": merged.quota_gpu, "quotaStale": merged.quota_stale,
+                      "allowedTenants": None if merged.allowed_tenants is None
+                      else sorted(merged.allowed_tenants),
+                      "pools": [_pool_view(p) for p in merged.pools]},
+    }
+
+
+def site_cluster_view(r: SiteRecord, c: Cluster) -> dict[str, Any]:
+    """An edge site registered once, shown as the edge cluster the planner sees."""
+    return {"name": c.name, "tenant": r.tenant, "provider": c.provider, "region": c.region,
+            "account": None, "zones": list(c.zones), "lat": c.lat, "lon": c.lon,
+            "labels": dict(c.labels), "taints": list(c.taints), "quotaVcpu": None,
+            "quotaGpu": None, "healthy": c.healthy, "quotaStale": False,
+            "pools": [_pool_view(p) for p in c.pools], "attrs": {}, "site": True,
             "updatedS": r.updated_s}
 
 

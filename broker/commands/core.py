@@ -245,13 +245,22 @@ def get(resource: Annotated[str, typer.Argument(help="workloads | clusters | sit
     _print_table(resource, items)
 
 
-def describe(resource: Annotated[str, typer.Argument(help="workload")],
+def describe(resource: Annotated[str, typer.Argument(help="workload | cluster")],
              workload_id: Annotated[str, typer.Argument(metavar="ID")],
              config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
              output: OutputOpt = "yaml") -> None:
-    """Show one workload with its placement and decision record."""
+    """Show one workload with its placement and decision record, or one cluster (or edge
+    site) with what was registered and what is observed, synced and measured now."""
+    if resource in ("cluster", "clusters"):
+        with _client(config, server, token) as c:
+            cl = _run(lambda: c.request("GET", f"/v1/clusters/{workload_id}"))
+        if output == "table":
+            _print_cluster(cl)
+        else:
+            _emit(cl, output)
+        return
     if resource not in ("workload", "workloads", "wl"):
-        raise fail(f"cannot describe {resource!r} (use: describe workload ID)")
+        raise fail(f"cannot describe {resource!r} (use: describe workload ID | cluster NAME)")
     with _client(config, server, token) as c:
         w = _run(lambda: c.request("GET", f"/v1/workloads/{workload_id}"))
         pid = w["status"].get("placementId")
@@ -286,6 +295,8 @@ _COLUMNS: dict[str, list[tuple[str, Callable[[Any], Any]]]] = {
         ("NAME", lambda c: c["name"]), ("PROVIDER", lambda c: c["provider"]),
         ("REGION", lambda c: c["region"]), ("POOLS", lambda c: len(c["pools"])),
         ("NODES", lambda c: sum(p["nodes"] for p in c["pools"])),
+        ("OBSERVED", lambda c: _observed(c, "nodes")),
+        ("CPU ALLOCATED", lambda c: _observed(c, "cpuAllocated", "cpuAllocatable")),
         ("HEALTHY", lambda c: "yes" if c["healthy"] else "NO"),
         ("QUOTA", lambda c: "stale" if c["quotaStale"] else "ok"),
     ],
@@ -296,6 +307,51 @@ _COLUMNS: dict[str, list[tuple[str, Callable[[Any], Any]]]] = {
         ("GPU", lambda s: s["capacity"]["gpu"] or ""), ("HEALTH", lambda s: s["health"]),
     ],
 }
+
+
+def _observed(c: Any, key: str, of: str = "") -> str:
+    o = c.get("observed")
+    if not o:
+        return "-"
+    return f"{o[key]:g}/{o[of]:g}" if of else f"{o[key]:g}"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _print_cluster(cl: dict[str, Any]) -> None:
+    """`describe cluster -o table`: what was registered next to what is observed/used now."""
+    from rich.console import Console
+    from rich.table import Table
+
+    o = cl.get("observed") or {}
+    eff = cl.get("effective") or {}
+    pools = cl.get("pools") or []
+    pr, q, h = cl.get("pricing") or {}, cl.get("quota") or {}, cl.get("health") or {}
+    table = Table(title=f"cluster/{cl['name']} ({cl['provider']} {cl['region']})",
+                  box=None, header_style="bold", title_justify="left")
+    for col in ("", "REGISTERED", "OBSERVED / IN USE", "SOURCE", "AGE S"):
+        table.add_column(col)
+    rows = [
+        ("nodes", sum(p["nodes"] for p in pools), o.get("nodes"), "inventory", o.get("ageS")),
+        ("cpu allocatable", sum(p["nodes"] * p["node"]["cpu"] for p in pools),
+         o.get("cpuAllocatable"), "inventory", o.get("ageS")),
+        ("cpu allocated", sum(p["used"]["cpu"] for p in pools), o.get("cpuAllocated"),
+         "inventory", o.get("ageS")),
+        ("gpu free", None, o.get("gpuFree"), "inventory", o.get("ageS")),
+        ("quota vcpu", cl.get("quotaVcpu"), eff.get("quotaVcpu"), q.get("source"),
+         q.get("ageS")),
+        ("price", "; ".join(f"{p['name']} {p['priceUsdPerHour']:g}" for p in pools),
+         "; ".join(f"{p['name']} {p['priceUsdPerHour']:g}" for p in eff.get("pools", [])),
+         pr.get("source"), pr.get("ageS")),
+        ("healthy", cl.get("healthy"), eff.get("healthy"), h.get("source"), h.get("ageS")),
+    ]
+    for name, reg, now, source, age in rows:
+        table.add_row(name, _fmt(reg), _fmt(now), _fmt(source), _fmt(age))
+    Console(width=None if sys.stdout.isatty() else 250).print(table)
 
 
 def _print_table(resource: str, items: list[Any]) -> None:

@@ -47,11 +47,12 @@ from providers.simulated import SimulatedClusterDriver
 
 if TYPE_CHECKING:
     from broker.federation.runtime import Runtime
-    from broker.store import ClusterRecord, Store
+    from broker.store import ClusterRecord, SiteRecord, Store
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REFRESH_S = 5.0
+SITE_ONLY = "_site_only"  # marks a registration made from a site row (not a cluster row)
 
 EdgeFactory = Callable[["DriverTarget"], ClusterDriver]
 Closer = Callable[[], Awaitable[None]]
@@ -73,6 +74,17 @@ class _Entry:
     target: DriverTarget
     driver: ClusterDriver
     close: Closer
+
+
+def site_records(sites: Sequence[SiteRecord], clusters: set[str]) -> list[ClusterRecord]:
+    """Edge sites registered once (`POST /v1/sites`, no cluster of the same name) as the
+    registrations the registry builds edge drivers from."""
+    from broker.placement.snapshot import site_cluster
+    from broker.store import ClusterRecord
+
+    return [ClusterRecord(cluster=site_cluster(s.site), tenant=s.tenant,
+                          attrs={"driver": "edge", SITE_ONLY: True}, updated_s=s.updated_s)
+            for s in sites if s.site.name not in clusters]
 
 
 # ---- target -> driver ------------------------------------------------------------------
@@ -194,8 +206,11 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
         async with self._lock:
             async with store.unit() as uow:
                 records = await uow.clusters.list_records()
+                sites = await uow.sites.list_records()
+            records = [*records, *site_records(sites, {r.cluster.name for r in records})]
             result = await self._apply(records)
-            await self._record_health(store, records, result.failed)
+            await self._record_health(store, [r for r in records if not r.attrs.get(SITE_ONLY)],
+                                      result.failed)
             self.refreshes += 1
             return result
 

@@ -72,8 +72,11 @@ class HubCore:
 
     def __init__(self, settings: EdgeSettings, *, command_timeout_ms: float = 2000.0,
                  rebalance_every_ms: float = 10_000.0, rebalance_batch: int = 25,
-                 history: int = 10_000) -> None:
+                 history: int = 10_000, rtt_record_every_ms: float = 2000.0) -> None:
         self.settings = settings
+        # How often a site's measured RTTs are handed to the recorder (the placement
+        # snapshot reads them from the store; heartbeats are far too frequent to persist).
+        self.rtt_record_every_ms = rtt_record_every_ms
         self.sites: dict[str, SiteState] = {}
         self.services: dict[str, ServiceState] = {}
         self.commands = CommandBook(timeout_ms=command_timeout_ms)
@@ -161,6 +164,7 @@ class HubCore:
         st.rtt_ms = dict(hb.peer_rtt_ms)
         st.load_cpu_frac = hb.cpu_frac
         st.services = dict(hb.services)
+        rtt = self._rtt_record(site, st, now_ms)
         if st.health is SiteHealth.DOWN:
             # Rejoin only after heartbeats kept coming for a while: a site flapping
             # on a bad link (or a starved host) must not trigger a storm of moves.
@@ -168,11 +172,20 @@ class HubCore:
                 st.rejoin_from_ms = now_ms
             st.last_beat_ms = now_ms
             if now_ms - st.rejoin_from_ms < self.rejoin_after_ms:
-                return []
-            return self._up(site, st, now_ms)
+                return rtt
+            return rtt + self._up(site, st, now_ms)
         st.last_beat_ms = now_ms
         st.health = SiteHealth.HEALTHY
-        return []
+        return rtt
+
+    def _rtt_record(self, site: str, st: SiteState, now_ms: float) -> list[Action]:
+        """The site's measured RTTs for the store, at most every `rtt_record_every_ms`."""
+        if not st.rtt_ms or (st.rtt_recorded_ms is not None
+                             and now_ms - st.rtt_recorded_ms < self.rtt_record_every_ms):
+            return []
+        st.rtt_recorded_ms = now_ms
+        return [Record("edge_site_rtt", {"site": site, "rtt_ms": dict(st.rtt_ms),
+                                         "at_ms": now_ms})]
 
     def on_telemetry(self, t: Telemetry, now_ms: float) -> list[Action]:
         """Journal events: recorded once even when an agent replays them."""

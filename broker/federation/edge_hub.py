@@ -37,6 +37,7 @@ from broker.federation.edge_core import (
     Send,
 )
 from broker.federation.edge_inbox import Inbox
+from broker.placement.snapshot import SITE_POOL
 from broker.settings import EdgeSettings, MqttSettings
 from edge_agent.protocol import (
     DEFAULT_PREFIX,
@@ -258,7 +259,7 @@ class EdgeHub:
 
     async def _record(self, rec: Record) -> None:
         """Log now; persist in the background (a slow store must not delay a failover)."""
-        if rec.kind != "edge_event":
+        if rec.kind not in ("edge_event", "edge_site_rtt"):
             log.info("%s %s", rec.kind, rec.data)
         if self.recorder is not None:
             try:
@@ -340,8 +341,18 @@ async def _until_first(*aws: Awaitable[Any]) -> None:
 
 
 class StoreRecorder:
-    """Persists hub records through the store API: site health on `sites`, every
-    record as an `edge.*` event (kind `edge_failover` -> `edge.failover`)."""
+    """Persists hub records through the store API.
+
+    - `edge_site_health`: the site's health on `sites` (the snapshot merge turns a down site
+      into an unhealthy edge cluster: the hub is the one decider for edge failures);
+    - `edge_site_rtt`: the agent-measured RTTs under `sites.attrs.rtt` (target -> ms and
+      when), and the time the site was last heard; no event (it comes every few seconds);
+    - `edge_failover` / `edge_rebalance`: the service's workload gets a new active
+      placement naming the site it runs on now (`placements.move`), so the API, CLI and
+      dashboard show where it runs;
+    - every record but the RTTs also as an `edge.*` event (`edge_failover` ->
+      `edge.failover`).
+    """
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -351,12 +362,42 @@ class StoreRecorder:
 
         subject = str(data.get("service") or data.get("site") or "")
         async with self._store.unit() as uow:
+            if kind == "edge_site_rtt":
+                await self._rtt(uow, data)
+                return
             if kind == "edge_site_health":
                 # a site that runs an agent but was never registered has no row
                 with contextlib.suppress(NotFoundError):
                     await uow.sites.set_health(data["site"], SiteHealth(data["health"]),
                                                reason=str(data.get("cause", "")))
+            elif kind in ("edge_failover", "edge_rebalance") and data.get("to_site"):
+                await self._move(uow, data, by="edge hub " + kind.removeprefix("edge_"))
             await uow.events.append("edge." + kind.removeprefix("edge_"), subject, data)
+
+    @staticmethod
+    async def _rtt(uow: Any, data: dict[str, Any]) -> None:
+        from broker.errors import NotFoundError
+
+        at_s = float(data["at_ms"]) / 1000.0
+        table = {str(k): {"ms": float(v), "at_s": at_s}
+                 for k, v in dict(data.get("rtt_ms") or {}).items()}
+        with contextlib.suppress(NotFoundError):
+            await uow.sites.set_attrs(str(data["site"]), {"rtt": table})
+            await uow.sites.set_seen(str(data["site"]), at_s)
+
+    @staticmethod
+    async def _move(uow: Any, data: dict[str, Any], *, by: str) -> None:
+        """The service is the workload of the same id (edge_services.py): record its move."""
+        from broker.errors import NotFoundError
+
+        to_site = str(data["to_site"])
+        pool = SITE_POOL
+        with contextlib.suppress(NotFoundError):  # an older "site + shadow cluster" form
+            rec = await uow.clusters.get(to_site)
+            pool = rec.cluster.pools[0].name if rec.cluster.pools else SITE_POOL
+        await uow.placements.move(str(data["service"]), from_cluster=str(
+            data.get("from_site") or ""), to_cluster=to_site, to_pool=pool, by=by,
+            cause=str(data.get("cause", "")))
 
 
 def make_edge_hub(rt: Runtime) -> EdgeHub | None:

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from broker.federation.runtime import Runtime
 
 
+def hub_serves(w: Workload) -> bool:
+    """Whether the hub keeps `w` served on the edge (and so decides its failover)."""
+    return w.spec.kind == WorkloadKind.SERVICE and w.spec.latency_slo_ms is not None
+
+
 def edge_services(
     placements: Iterable[Placement], clusters: Mapping[str, Cluster],
     workloads: Mapping[str, Workload], users: Mapping[str, UserRegion], *,
@@ -38,7 +43,7 @@ def edge_services(
     out: list[EdgeService] = []
     for p in placements:
         w = workloads.get(p.workload_id)
-        if w is None or w.spec.kind != WorkloadKind.SERVICE or w.spec.latency_slo_ms is None:
+        if w is None or not hub_serves(w):
             continue
         edge = [a.cluster for a in p.assignments
                 if (c := clusters.get(a.cluster)) is not None and c.is_edge]

@@ -77,6 +77,7 @@ class SiteState:
     services: dict[str, str] | None = None  # from the latest heartbeat
     last_beat_ms: float = 0.0
     rejoin_from_ms: float = 0.0  # first heartbeat of a down site's current run
+    rtt_recorded_ms: float | None = None  # last `edge_site_rtt` record
 
 
 @dataclass

@@ -23,14 +23,19 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from broker.clock import Clock, sleep_or_stop
+from broker.clock import Clock
 from broker.domain import Cluster, NodeLeaving, PricingModel, Resources
 from broker.errors import BrokerError, NotFoundError
+from broker.federation.looping import PollingLoop
 from broker.placement.observed import Inventory, ObservedNode, leaving, observed_pools
 from broker.store import InventoryRecord, Store, UnitOfWork
 from providers.base import ClusterDriver, NodeInventory
 from providers.errors import ProviderError
+
+if TYPE_CHECKING:
+    from broker.federation.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -78,27 +83,24 @@ def next_nodes(prev: Sequence[ObservedNode], reported: Sequence[NodeInventory], 
     return tuple(out), reclaims
 
 
-class InventoryPoller:
-    """See the module docstring. `run(stop)` is the loop; `poll_once()` one pass."""
+class InventoryPoller(PollingLoop):
+    """See the module docstring. Each step is one `poll_once()`, every `interval_s`."""
 
     name = "inventory"
 
     def __init__(self, store: Store, drivers: Mapping[str, ClusterDriver], clock: Clock, *,
                  interval_s: float = 2.0, timeout_s: float = 5.0) -> None:
+        super().__init__(clock, interval_s=interval_s)
         self._store = store
         self._drivers = drivers
-        self._clock = clock
-        self.interval_s = interval_s
         self._timeout_s = timeout_s
         self.polls = 0
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.poll_once()
-            except BrokerError as exc:  # the store is down: poll again next time
-                log.warning("storing inventory failed: %s", exc.message)
-            await sleep_or_stop(self._clock, self.interval_s, stop)
+    async def step(self) -> None:
+        try:
+            await self.poll_once()
+        except BrokerError as exc:  # the store is down: poll again next time
+            log.warning("storing inventory failed: %s", exc.message)
 
     async def _read(self, name: str, driver: ClusterDriver) -> PollResult:
         try:
@@ -150,3 +152,10 @@ class InventoryPoller:
                     largest_free_gpu_set=p.largest_free_gpu_set)
             except NotFoundError:  # re-registered meanwhile with other pools
                 continue
+
+
+def make_inventory_poller(rt: Runtime) -> InventoryPoller:
+    """Polls every driver the broker holds (clusters and sites), `rt.drivers` itself."""
+    s = rt.settings.snapshot
+    return InventoryPoller(rt.store, rt.drivers, rt.clock,
+                           interval_s=s.inventory_interval_s, timeout_s=s.inventory_timeout_s)

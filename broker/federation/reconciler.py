@@ -14,6 +14,14 @@ Each pass asks every driver for `list_status()` (with a timeout):
 - a cluster that comes back still running a workload that was re-placed
   elsewhere meanwhile gets that workload deleted (no replica runs twice).
 
+One decider per failure: edge sites are the edge hub's (federation/edge_hub.py detects a
+silent or crashed agent within a second and fails its services over to the warm standby,
+recording the move as a placement). So for an edge member the reconciler only writes driver
+phases to workloads: it never marks it unhealthy and never deletes what a recovered site runs
+(there it is the hub's warm standby). Work the hub does not keep served (anything but a
+service with a latency SLO, see edge_services.py) is requeued when the hub has declared its
+site down: each workload has exactly one decider.
+
 Time comes from the injected clock, so the twin and tests drive it.
 """
 
@@ -25,8 +33,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from broker.clock import Clock
-from broker.domain import WorkloadStatus
+from broker.domain import SiteHealth, WorkloadStatus
 from broker.errors import BrokerError
+from broker.federation.edge_services import hub_serves
 from broker.federation.looping import PollingLoop
 from broker.store import Store
 from providers.base import ClusterDriver, DriverStatus, WorkloadPhase
@@ -73,16 +82,31 @@ class Reconciler(PollingLoop):
         await self.reconcile_once()
 
     async def reconcile_once(self) -> None:
+        edge = await self._edge_members()
         for name, driver in sorted(self._drivers.items()):
             try:
                 statuses = await asyncio.wait_for(driver.list_status(), self._timeout_s)
             except (ProviderError, TimeoutError) as exc:
-                await self._unreachable(name, str(exc) or type(exc).__name__)
+                if name not in edge:
+                    await self._unreachable(name, str(exc) or type(exc).__name__)
+                continue
+            if name in edge:
+                await self._apply_statuses(name, statuses)
                 continue
             await self._reachable(name)
             orphans = await self._apply_statuses(name, statuses)
             await self._delete_orphans(name, driver, orphans)
-        await self._failover()
+        await self._failover(edge)
+
+    async def _edge_members(self) -> set[str]:
+        """Edge sites (registered as sites or as `provider: edge` clusters): the hub's."""
+        try:
+            async with self._store.unit() as uow:
+                return ({c.name for c in await uow.clusters.list() if c.is_edge}
+                        | {s.name for s in await uow.sites.list()})
+        except BrokerError as exc:
+            log.warning("cannot read edge sites: %s", exc)
+            return set()
 
     async def _unreachable(self, cluster: str, error: str) -> None:
         self._failures[cluster] = self._failures.get(cluster, 0) + 1
@@ -154,12 +178,20 @@ class Reconciler(PollingLoop):
                 continue
             self.orphans_deleted.append((cluster, wid))
 
-    async def _failover(self) -> None:
-        """Requeue everything active on an unhealthy cluster (the LP re-places it)."""
+    async def _failover(self, edge: set[str]) -> None:
+        """Requeue everything active on an unhealthy cluster (the LP re-places it), and what
+        the hub does not serve on a site the hub declared down."""
         async with self._store.unit() as uow:
-            sick = [c.name for c in await uow.clusters.list() if not c.healthy]
-            for cluster in sick:
-                for rec in await uow.placements.list_active_on_cluster(cluster):
+            sick = [c.name for c in await uow.clusters.list()
+                    if not c.healthy and c.name not in edge]
+            down = {s.name for s in await uow.sites.list() if s.health is SiteHealth.DOWN}
+            for cluster in [*sick, *sorted(down)]:
+                recs = await uow.placements.list_active_on_cluster(cluster)
+                if cluster in down:
+                    ws = await uow.workloads.get_many([r.placement.workload_id for r in recs])
+                    recs = [r for r in recs if (w := ws.get(r.placement.workload_id))
+                            is not None and not hub_serves(w)]
+                for rec in recs:
                     await uow.workloads.requeue(rec.placement.workload_id,
                                                 reason=f"cluster {cluster} is unhealthy")
                     self.requeued.append(rec.placement.workload_id)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from broker.federation.dispatcher import Dispatcher
     from broker.federation.drivers import DriverRefreshLoop, DriverRegistry
     from broker.federation.edge_hub import EdgeHub
+    from broker.federation.inventory import InventoryPoller
     from broker.federation.looping import Loop
     from broker.federation.placement_loop import PlacementLoop
     from broker.federation.policy_runtime import PolicyRuntime
@@ -62,6 +63,7 @@ class Runtime:
     # the loops, set by `broker.app.build_loops` (None: not built, or off by settings)
     quota_sync: QuotaSync | None = None
     telemetry: TelemetryLoop | None = None  # `.latest`: the newest values per cluster
+    inventory: InventoryPoller | None = None  # every driver's nodes into the store
     placement_loop: PlacementLoop | None = None  # `.wake()` solves now
     dispatcher: Dispatcher | None = None
     reconciler: Reconciler | None = None
@@ -81,6 +83,6 @@ class Runtime:
 
     def loops(self) -> list[Loop]:
         """The loops that were built, in start order."""
-        built = (self.quota_sync, self.telemetry, self.placement_loop, self.dispatcher,
-                 self.reconciler, self.driver_refresh, self.edge_hub)
+        built = (self.quota_sync, self.telemetry, self.inventory, self.placement_loop,
+                 self.dispatcher, self.reconciler, self.driver_refresh, self.edge_hub)
         return [lp for lp in built if lp is not None]

@@ -91,11 +91,12 @@ class Readings:
 
 
 def _member(rec: ClusterRecord) -> Member:
-    sources = rec.attrs.get("price_sources")
+    given = rec.attrs.get("price_sources")
+    sources = {str(k): str(v) for k, v in given.items() if v in ("catalog", "registration")} \
+        if isinstance(given, Mapping) else {}
     return Member(cluster=rec.cluster, tenant=rec.tenant,
                   operator=rec.tenant in OPERATOR_TENANTS, account=rec.account,
-                  registered_s=rec.updated_s,
-                  price_sources=dict(sources) if isinstance(sources, Mapping) else {})
+                  registered_s=rec.updated_s, price_sources=sources)
 
 
 def _site_member(rec: SiteRecord) -> SiteMember:
@@ -262,7 +263,7 @@ class SnapshotReader:
         self._pairs = None
         self._aliases = {probe: u.name for u in placement.user_regions for probe in u.probes}
 
-    def inputs(self, r: Readings) -> MergeInputs:
+    def inputs(self, r: Readings, *, network: bool = True) -> MergeInputs:
         members = tuple(_member(c) for c in r.clusters)
         sites = tuple(_site_member(s) for s in r.sites)
         inputs = MergeInputs(
@@ -277,6 +278,8 @@ class SnapshotReader:
             workloads=r.workloads, replicas=replica_counts(r.running, r.workloads),
             demand=demand_of(r.history, r.workloads, r.now_s, self.settings.demand_tau_s),
             tenants=r.tenants)
+        if not network:
+            return inputs
         clusters = [m.cluster for m in members_of(inputs)]
         pair_rtt, gbps = self._cluster_pairs(clusters)
         user_rtt, egress = batch_maps(self.catalog, clusters, r.pending)
@@ -323,8 +326,8 @@ class SnapshotReader:
         from broker.errors import NotFoundError
 
         async with store.unit() as uow:
-            r = await read(uow, running=True)
-        inputs = self.inputs(r)
+            r = await read(uow, running=False)
+        inputs = self.inputs(r, network=False)
         members = {m.cluster.name: m for m in members_of(inputs)}
         record: ClusterRecord | SiteRecord | None = next(
             (c for c in r.clusters if c.cluster.name == name), None) or next(

@@ -12,7 +12,9 @@ Two sources, both optional:
 
 The loop keeps the latest values in memory (``latest``; the broker's loop is ``Runtime.telemetry``)
 and writes them under ``attrs["telemetry"]`` of each cluster in the store, with the time they
-were read, so placement can use them and see their age. A failing source is logged and the
+were read. The snapshot merge (placement/snapshot.py) sums the per-node usage per pool and
+counts the larger of measured and requested as a pool's usage, so headroom and the policy's
+free-capacity features see nodes that run hotter than their pods requested. A failing source is logged and the
 others are still read; values are never invented.
 """
 
@@ -120,10 +122,13 @@ class ClusterTelemetry:
     node_cpu_used: float | None = None
     node_memory_used_gib: float | None = None
     app: dict[str, float] = field(default_factory=dict)
+    # node -> (cpu cores, memory GiB) in use: the snapshot merge sums them per pool.
+    nodes: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {"read_s": self.read_s, "node_cpu_used": self.node_cpu_used,
-                "node_memory_used_gib": self.node_memory_used_gib, "app": dict(self.app)}
+                "node_memory_used_gib": self.node_memory_used_gib, "app": dict(self.app),
+                "nodes": {k: [v[0], v[1]] for k, v in self.nodes.items()}}
 
 
 class TelemetryLoop(PollingLoop):
@@ -156,7 +161,8 @@ class TelemetryLoop(PollingLoop):
                 continue
             result[name] = ClusterTelemetry(
                 read_s=now, node_cpu_used=round(sum(u[0] for u in usage.values()), 3),
-                node_memory_used_gib=round(sum(u[1] for u in usage.values()), 3))
+                node_memory_used_gib=round(sum(u[1] for u in usage.values()), 3),
+                nodes={str(k): (float(v[0]), float(v[1])) for k, v in usage.items()})
         if self._prom is not None:
             for metric, per in (await self._prom.read_all()).items():
                 for cluster, value in per.items():

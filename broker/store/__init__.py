@@ -49,6 +49,8 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   list_created_since(since_s, limit=20000) -> list[PlacementRecord]
                   list_to_withdraw(limit=500) -> list[PlacementRecord]  # cancelled but applied
                   retire(id)
+                  move(workload_id, from_cluster=, to_cluster=, to_pool=, by=, cause="")
+                        # someone else moved it (edge hub failover): new active, dispatched
                   get_decision(id, tenant=None) -> dict ; put_decision(id, decision)
   uow.clusters    upsert(cluster, tenant=, account=None, attrs=None) -> created: bool
                         # creates the tenant if missing; another tenant's name -> ConflictError
@@ -60,6 +62,7 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   set_attrs(name, attrs) ; delete(name, tenant=None)
   uow.sites       upsert(site, tenant=, attrs=None) -> created: bool
                   set_health(name, health: SiteHealth, last_seen_s=None, reason="")
+                  set_seen(name, last_seen_s)          # the hub heard it (no event)
                   get(name, tenant=None) -> SiteRecord
                   list(tenant=None) -> list[Site] ; list_records(tenant=None) ; set_attrs(name, a)
   uow.offers      upsert_many(offers) -> count ; list(provider=None, region=None) -> list[Offer]

@@ -174,6 +174,13 @@ class SiteRepo:
             await self._events.append(f"site.{health}", name, {"reason": reason},
                                       tenant=row.tenant)
 
+    async def set_seen(self, name: str, last_seen_s: float) -> None:
+        """When the hub last heard the site (no event: heartbeats are routine)."""
+        row = await self._s.get(SiteRow, name)
+        if row is None:
+            raise NotFoundError(kind="site", key=name)
+        row.last_seen_s = last_seen_s
+
     async def set_attrs(self, name: str, attrs: Mapping[str, Any]) -> None:
         row = await self._s.get(SiteRow, name)
         if row is None:

@@ -7,6 +7,7 @@ inside the caller's unit of work, so decision and status commit together.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from broker.domain import Placement, WorkloadStatus
 from broker.errors import NotFoundError
 from broker.store.events import EventRepo
-from broker.store.mapping import assignments_to_json, placement_from_values
+from broker.store.mapping import (
+    assignments_from_json,
+    assignments_to_json,
+    placement_from_values,
+)
 from broker.store.models import PlacementRow, WorkloadRow
 from broker.store.records import PlacementRecord
 
@@ -78,6 +83,49 @@ class PlacementRepo:
                                   {"placement": pid, "clusters": clusters,
                                    "cost_usd_per_hour": placement.cost_usd_per_hour},
                                   tenant=w.tenant)
+        return pid
+
+    async def move(self, workload_id: str, *, from_cluster: str, to_cluster: str,
+                   to_pool: str, by: str, cause: str = "") -> str | None:
+        """Record that `workload_id` now runs on `to_cluster` instead of `from_cluster`.
+
+        For a move someone else carried out (the edge hub's failover or rebalance): a new
+        active placement, already dispatched, with the replicas of `from_cluster` on
+        `to_cluster`/`to_pool`; the workload's status is left as it is. Idempotent: None
+        (nothing written) when there is no active placement, when it already names
+        `to_cluster` and not `from_cluster`, or when it has nothing on `from_cluster` and
+        more than one assignment (which one moved is unknown).
+        """
+        old = (await self._s.scalars(select(PlacementRow).where(
+            PlacementRow.workload_id == workload_id, PlacementRow.active.is_(True)))).first()
+        if old is None:
+            return None
+        current = assignments_from_json(old.assignments)
+        names = {a.cluster for a in current}
+        if from_cluster not in names:
+            if to_cluster in names or len(current) != 1:
+                return None
+            from_cluster = current[0].cluster
+        moved = tuple(dataclasses.replace(a, cluster=to_cluster, pool=to_pool, new_nodes=0)
+                      if a.cluster == from_cluster else a for a in current)
+        old.active, old.updated_s = False, self._now
+        pid = new_placement_id()
+        clusters = sorted({a.cluster for a in moved})
+        self._s.add(PlacementRow(
+            id=pid, workload_id=workload_id, tenant=old.tenant,
+            assignments=assignments_to_json(moved),
+            clusters_csv="," + ",".join(clusters) + ",",
+            cost_usd_per_hour=old.cost_usd_per_hour, rtt_ms=None,
+            decision={"moved_by": by, "cause": cause, "from_cluster": from_cluster,
+                      "to_cluster": to_cluster, "previous_placement": old.id},
+            active=True, dispatched=True, dispatch_attempts=0, last_error="",
+            created_s=self._now, updated_s=self._now))
+        w = await self._s.get(WorkloadRow, workload_id)
+        if w is not None:
+            w.placement_id, w.updated_s = pid, self._now
+        await self._events.append("placement.moved", workload_id, {
+            "placement": pid, "from": from_cluster, "to": to_cluster, "by": by,
+            "cause": cause}, tenant=old.tenant)
         return pid
 
     async def get(self, placement_id: str, *, tenant: str | None = None) -> PlacementRecord:
