@@ -14,8 +14,8 @@ The loop keeps the latest values in memory (``latest``; the broker's loop is ``R
 and writes them under ``attrs["telemetry"]`` of each cluster in the store, with the time they
 were read. The snapshot merge (placement/snapshot.py) sums the per-node usage per pool and
 counts the larger of measured and requested as a pool's usage, so headroom and the policy's
-free-capacity features see nodes that run hotter than their pods requested. A failing source is logged and the
-others are still read; values are never invented.
+free-capacity features see nodes that run hotter than their pods requested. A failing
+source is logged and the others are still read; values are never invented.
 """
 
 from __future__ import annotations
