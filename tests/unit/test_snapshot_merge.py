@@ -1,0 +1,345 @@
+"""Each rule of the snapshot merge (broker/placement/snapshot.py, observed.py), on hand-built
+readings: fresh vs stale sync, the stale-quota margin, measured vs estimated RTT, observed vs
+registered capacity, provenance ages, sites as edge clusters, tenancy scope, demand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from broker.domain import (
+    Assignment,
+    Cluster,
+    Interconnect,
+    NodeLeaving,
+    Placement,
+    Pool,
+    PricingModel,
+    Resources,
+    Site,
+    SiteHealth,
+    UserRegion,
+    Workload,
+    WorkloadKind,
+    WorkloadSpec,
+    WorkloadStatus,
+)
+from broker.federation.inventory import next_nodes
+from broker.placement.candidates import RttResolver
+from broker.placement.observed import Inventory, ObservedNode, decayed, demand_rate
+from broker.placement.snapshot import (
+    HubReading,
+    Member,
+    MergeInputs,
+    MergeSettings,
+    PriceReading,
+    QuotaReading,
+    RttReading,
+    SiteMember,
+    UsageReading,
+    merge,
+    replica_counts,
+)
+from providers.base import NodeInventory, Offer
+
+NOW = 10_000.0
+SETTINGS = MergeSettings(inventory_max_age_s=30.0, sync_max_age_s=900.0,
+                         telemetry_max_age_s=120.0, rtt_max_age_s=60.0,
+                         stale_quota_margin=0.25)
+
+
+def pool(name: str = "m5", *, nodes: int = 2, price: float = 0.4, cpu: float = 8.0,
+         pricing: PricingModel = PricingModel.ON_DEMAND, gpu: int = 0,
+         interconnect: Interconnect = Interconnect.NONE, itype: str = "m5.2xlarge") -> Pool:
+    return Pool(name=name, instance_type=itype, node=Resources(cpu, 32.0, gpu), nodes=nodes,
+                max_nodes=10, price_usd_per_hour=price, pricing=pricing,
+                interconnect=interconnect)
+
+
+def cluster(name: str = "aws-use1", *pools: Pool, quota: float | None = None,
+            stale: bool = False) -> Cluster:
+    return Cluster(name=name, provider="aws", region="us-east-1", lat=38.9, lon=-77.4,
+                   pools=pools or (pool(),), quota_vcpu=quota, quota_stale=stale)
+
+
+def member(c: Cluster, **kw: object) -> Member:
+    kw.setdefault("registered_s", NOW - 500.0)
+    return Member(cluster=c, **kw)  # type: ignore[arg-type]
+
+
+def one(inputs: MergeInputs) -> Cluster:
+    (c,) = merge(inputs, SETTINGS).clusters
+    return c
+
+
+def offer(price: float, spot: float | None = None) -> Offer:
+    return Offer(provider="aws", region="us-east-1", instance_type="m5.2xlarge", vcpu=8,
+                 memory_gib=32, price_usd_per_hour=price, spot_price_usd_per_hour=spot)
+
+
+# ---- prices ----------------------------------------------------------------------------
+def test_fresh_synced_price_replaces_the_registered_one() -> None:
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster()),), prices={
+        ("aws", "us-east-1", "m5.2xlarge"): PriceReading(offer(0.55), NOW - 100.0)}))
+    assert c.pools[0].price_usd_per_hour == 0.55
+    assert c.provenance["pricing"].source == "sync"
+    assert c.provenance["pricing"].age_s == 100.0
+    assert not c.provenance["pricing"].stale
+
+
+def test_stale_synced_price_is_used_and_marked_stale() -> None:
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster()),), prices={
+        ("aws", "us-east-1", "m5.2xlarge"): PriceReading(offer(0.55), NOW - 5000.0)}))
+    assert c.pools[0].price_usd_per_hour == 0.55
+    assert c.provenance["pricing"].stale
+    assert c.provenance["pricing"].age_s == 5000.0
+
+
+def test_spot_pool_takes_the_synced_spot_price_and_no_price_keeps_registration() -> None:
+    spot = pool("spot", pricing=PricingModel.SPOT, price=0.2)
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster("c", spot)),), prices={
+        ("aws", "us-east-1", "m5.2xlarge"): PriceReading(offer(0.55, spot=0.12), NOW)}))
+    assert c.pools[0].price_usd_per_hour == 0.12
+    c2 = one(MergeInputs(now_s=NOW, members=(member(cluster("c", spot)),), prices={
+        ("aws", "us-east-1", "m5.2xlarge"): PriceReading(offer(0.55, spot=None), NOW)}))
+    assert c2.pools[0].price_usd_per_hour == 0.2
+    assert c2.provenance["pricing"].source == "registration"
+
+
+def test_catalog_filled_price_is_named_as_such_with_its_age() -> None:
+    m = member(cluster(), price_sources={"m5": "catalog"})
+    c = one(MergeInputs(now_s=NOW, members=(m,)))
+    assert c.provenance["pricing"].source == "catalog"
+    assert c.provenance["pricing"].age_s == 500.0
+
+
+# ---- quotas ----------------------------------------------------------------------------
+def test_fresh_quota_replaces_registration_minus_what_others_use() -> None:
+    m = member(cluster(quota=999.0), account="acct")
+    reading = QuotaReading(synced_s=NOW - 60.0, vcpu_limit=64.0, vcpu_used=40.0)
+    c = one(MergeInputs(now_s=NOW, members=(m,), quotas={("acct", "us-east-1"): reading}))
+    # the cluster's own 2 x 8 vCPUs are part of the 40 used: others use 24
+    assert c.quota_vcpu == pytest.approx(64.0 - 24.0)
+    assert not c.quota_stale
+    assert (c.provenance["quota"].source, c.provenance["quota"].age_s) == ("sync", 60.0)
+
+
+def test_stale_quota_keeps_only_one_minus_margin_of_its_limit() -> None:
+    m = member(cluster(), account="acct")
+    old = QuotaReading(synced_s=NOW - 1000.0, vcpu_limit=64.0, vcpu_used=16.0)
+    c = one(MergeInputs(now_s=NOW, members=(m,), quotas={("acct", "us-east-1"): old}))
+    assert c.quota_stale
+    assert c.quota_vcpu == pytest.approx(64.0 * 0.75)
+    failing = QuotaReading(synced_s=NOW, vcpu_limit=64.0, vcpu_used=16.0, failing=True)
+    c2 = one(MergeInputs(now_s=NOW, members=(m,), quotas={("acct", "us-east-1"): failing}))
+    assert c2.quota_stale
+    assert c2.quota_vcpu == pytest.approx(48.0)
+
+
+def test_registered_quota_flagged_stale_gets_the_margin_too() -> None:
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster(quota=100.0, stale=True)),)))
+    assert c.quota_vcpu == pytest.approx(75.0)
+    assert c.provenance["quota"].source == "registration"
+    fresh = one(MergeInputs(now_s=NOW, members=(member(cluster(quota=100.0)),)))
+    assert fresh.quota_vcpu == 100.0
+
+
+def test_quota_of_another_account_or_region_does_not_apply() -> None:
+    m = member(cluster(quota=100.0), account="acct")
+    other = QuotaReading(synced_s=NOW, vcpu_limit=8.0)
+    c = one(MergeInputs(now_s=NOW, members=(m,), quotas={("other", "us-east-1"): other,
+                                                          ("acct", "eu-west-1"): other}))
+    assert c.quota_vcpu == 100.0
+
+
+# ---- observed capacity -----------------------------------------------------------------
+def node(name: str, *, pool_name: str = "m5", cpu_used: float = 0.0, gpu: int = 0,
+         gpu_used: int = 0, **kw: object) -> ObservedNode:
+    return ObservedNode(name=name, pool=pool_name, allocatable=Resources(7.9, 31.0, gpu),
+                        allocated=Resources(cpu_used, 4.0 if cpu_used else 0.0, gpu_used),
+                        **kw)  # type: ignore[arg-type]
+
+
+def test_observed_inventory_replaces_registered_capacity() -> None:
+    inv = Inventory(observed_s=NOW - 2.0, nodes=(
+        node("a", cpu_used=6.0), node("b"), node("c", cpu_used=1.0),
+        node("gone", unschedulable=True, cpu_used=3.0),
+        node("new", ready=False, ever_ready=False),
+        node("sick", ready=False, ever_ready=True),
+        node("spot", taints=("aws-node-termination-handler/spot-itn=x:NoSchedule",)),
+        node("stray", pool_name="elsewhere")))
+    base = cluster("c", pool(nodes=2), pool("other", itype="c5.large"))
+    c = one(MergeInputs(now_s=NOW, members=(member(base),), inventory={"c": inv}))
+    p = c.pools[0]
+    assert p.nodes == 4  # a, b, c and the booting one; leaving ones give no capacity
+    assert p.used.cpu == pytest.approx(7.0)
+    assert p.node == Resources(7.9, 31.0, 0)  # the observed allocatable, not the registered
+    states = {s.name: s for s in p.node_states}
+    assert states["gone"].leaving is NodeLeaving.CORDONED
+    assert states["sick"].leaving is NodeLeaving.NOT_READY
+    assert states["spot"].leaving is NodeLeaving.TERMINATING
+    assert states["new"].booting and states["new"].leaving is NodeLeaving.NO
+    assert "stray" not in states and c.pools[1].nodes == 0
+    assert c.provenance["observed"].age_s == 2.0
+    assert not c.provenance["observed"].stale
+
+
+def test_no_inventory_keeps_the_registration_and_old_inventory_is_stale() -> None:
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster()),)))
+    assert c.pools[0].nodes == 2
+    assert "observed" not in c.provenance
+    old = Inventory(observed_s=NOW - 600.0, nodes=(node("a"),))
+    c2 = one(MergeInputs(now_s=NOW, members=(member(cluster("c")),), inventory={"c": old}))
+    assert c2.pools[0].nodes == 1
+    assert c2.provenance["observed"].stale
+
+
+def test_largest_free_gpu_set_follows_nvlink_pairs() -> None:
+    p3 = pool("p3", gpu=8, cpu=64, interconnect=Interconnect.NVLINK_PAIRS, itype="p3.16xlarge")
+    inv = Inventory(observed_s=NOW, nodes=(node("g", pool_name="p3", gpu=8, gpu_used=3),))
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster("c", p3)),), inventory={"c": inv}))
+    # 5 GPUs free, but not all NVLink-connected in the p3.16xlarge cube mesh
+    assert c.pools[0].node_states[0].gpu_free == 5
+    assert 0 < c.pools[0].largest_free_gpu_set <= 5
+    full = pool("p4", gpu=8, cpu=96, interconnect=Interconnect.NVLINK_FULL,
+                itype="p4d.24xlarge")
+    inv4 = Inventory(observed_s=NOW, nodes=(node("g", pool_name="p4", gpu=8, gpu_used=3),))
+    c4 = one(MergeInputs(now_s=NOW, members=(member(cluster("c", full)),),
+                         inventory={"c": inv4}))
+    assert c4.pools[0].largest_free_gpu_set == 5
+
+
+def test_telemetry_usage_counts_when_above_what_is_requested() -> None:
+    inv = Inventory(observed_s=NOW, nodes=(node("a", cpu_used=2.0), node("b")))
+    hot = UsageReading(read_s=NOW - 10.0, pools={"m5": Resources(6.5, 2.0, 0)})
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster("c")),), inventory={"c": inv},
+                        usage={"c": hot}))
+    assert c.pools[0].used.cpu == 6.5
+    assert c.pools[0].used.memory_gib == 4.0  # requested is more than measured here
+    assert c.provenance["telemetry"].age_s == 10.0
+
+
+def test_reclaim_rate_is_reclaims_over_hours_observed() -> None:
+    inv = Inventory(observed_s=NOW, nodes=(node("a"),), reclaims={"m5": 6},
+                    since_s=NOW - 3 * 3600.0)
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster("c")),), inventory={"c": inv}))
+    assert c.pools[0].reclaim_rate_per_hour == pytest.approx(2.0)
+
+
+# ---- health, sites, tenancy ------------------------------------------------------------
+def site(name: str = "edge-muc", health: SiteHealth = SiteHealth.HEALTHY) -> Site:
+    return Site(name=name, lat=48.1, lon=11.6, capacity=Resources(16, 64, 1),
+                price_usd_per_hour=0.3, health=health)
+
+
+def test_a_site_registered_once_is_an_edge_cluster_the_hub_judges() -> None:
+    snap = merge(MergeInputs(now_s=NOW, sites=(SiteMember(site(), tenant="acme",
+                                                          operator=False),),
+                             hub={"edge-muc": HubReading(SiteHealth.DOWN, NOW - 1.0)}),
+                 SETTINGS)
+    (c,) = snap.clusters
+    assert c.is_edge and c.pools[0].pricing is PricingModel.EDGE
+    assert c.pools[0].node == Resources(16, 64, 1)
+    assert not c.healthy
+    assert c.provenance["health"].source == "hub"
+    assert c.allowed_tenants == frozenset({"acme"})
+
+
+def test_old_site_plus_shadow_cluster_keeps_cluster_pools_and_takes_hub_health() -> None:
+    shadow = Cluster(name="edge-muc", provider="edge", region="edge-muc", lat=48.1, lon=11.6,
+                     pools=(pool("site", nodes=1, price=0.3, pricing=PricingModel.EDGE),))
+    snap = merge(MergeInputs(now_s=NOW, members=(member(shadow),),
+                             sites=(SiteMember(site(health=SiteHealth.DOWN)),),
+                             hub={"edge-muc": HubReading(SiteHealth.DOWN, NOW)}), SETTINGS)
+    (c,) = snap.clusters
+    assert c.pools[0].name == "site" and c.pools[0].node.cpu == 8.0
+    assert not c.healthy
+    assert c.allowed_tenants is None
+
+
+# ---- RTTs ------------------------------------------------------------------------------
+def test_fresh_measured_rtt_replaces_the_estimate_under_the_planners_key() -> None:
+    s = site()
+    users = (UserRegion("munich-users", 48.14, 11.58),)
+    measured = RttReading(site="edge-muc", target="munich-users", ms=42.0,
+                          measured_s=NOW - 5.0)
+    snap = merge(MergeInputs(now_s=NOW, sites=(SiteMember(s),), user_regions=users,
+                             rtts=(measured,)), SETTINGS)
+    (c,) = snap.clusters
+    assert snap.rtt_ms[("munich-users", "edge-muc")] == 42.0
+    assert RttResolver(snap).rtt_ms("munich-users", c) == 42.0
+    assert c.provenance["rtt"].source == "agent"
+    stale = merge(MergeInputs(now_s=NOW, sites=(SiteMember(s),), user_regions=users,
+                              rtts=(RttReading("edge-muc", "munich-users", 42.0, NOW - 600),)),
+                  SETTINGS)
+    # too old: the estimate from coordinates (a few ms for 3 km) is used again
+    assert RttResolver(stale).rtt_ms("munich-users", stale.clusters[0]) < 10.0
+
+
+def test_measured_rtt_to_a_peer_site_is_a_graph_edge() -> None:
+    a, b = site("a"), site("b")
+    snap = merge(MergeInputs(now_s=NOW, sites=(SiteMember(a), SiteMember(b)),
+                             rtts=(RttReading("a", "b", 7.5, NOW),)), SETTINGS)
+    assert snap.rtt_ms[("a", "b")] == snap.rtt_ms[("b", "a")] == 7.5
+
+
+# ---- replicas and demand ---------------------------------------------------------------
+def workload(wid: str, status: WorkloadStatus, cpu: float = 1.0) -> Workload:
+    spec = WorkloadSpec(name=wid, kind=WorkloadKind.BATCH, image="x", replicas=3,
+                        resources=Resources(cpu, 1.0, 0))
+    return Workload(id=wid, tenant="t", spec=spec, status=status)
+
+
+def test_replica_counts_split_running_and_starting() -> None:
+    placed = [Placement(wid, (Assignment("c", "m5", PricingModel.ON_DEMAND, 3, 1.0),), 1.0)
+              for wid in ("run", "wait")]
+    counts = replica_counts(placed, {"run": workload("run", WorkloadStatus.RUNNING),
+                                     "wait": workload("wait", WorkloadStatus.PLACED)})
+    assert counts == {("c", "m5"): (6, 3)}
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster("c")),), replicas=counts))
+    assert (c.pools[0].replicas_placed, c.pools[0].replicas_starting) == (6, 3)
+
+
+def test_demand_from_placement_times_equals_the_incremental_ewma() -> None:
+    tau = 900.0
+    events = [(100.0, 4.0), (400.0, 2.0), (1300.0, 8.0)]
+    rate, at = 0.0, 0.0
+    for t, r in events:  # the twin's SimPool.add_demand
+        rate = decayed(rate, at, t, tau) + r / tau
+        at = t
+    assert decayed(rate, at, 2000.0, tau) == pytest.approx(demand_rate(events, 2000.0, tau))
+    assert demand_rate(events, 2000.0, tau) == pytest.approx(
+        sum(r / tau * math.exp(-(2000.0 - t) / tau) for t, r in events))
+
+
+# ---- the poller's bookkeeping ----------------------------------------------------------
+def inv_node(name: str, *, replicas: int | None = 0, ready: bool = True,
+             taints: tuple[str, ...] = ()) -> NodeInventory:
+    return NodeInventory(name=name, pool="spot", allocatable_cpu=4, allocatable_memory_gib=16,
+                         ready=ready, taints=taints, replicas=replicas,
+                         labels={"node.kubernetes.io/instance-type": "m5.xlarge"})
+
+
+def test_idle_timer_starts_when_first_seen_empty_and_survives_polls() -> None:
+    first, _ = next_nodes((), [inv_node("a"), inv_node("b", replicas=2)], 100.0)
+    assert [n.idle_since_s for n in first] == [100.0, None]
+    assert first[0].instance_type == "m5.xlarge"
+    second, _ = next_nodes(first, [inv_node("a"), inv_node("b", replicas=0)], 105.0)
+    assert [n.idle_since_s for n in second] == [100.0, 105.0]
+    third, _ = next_nodes(second, [inv_node("a", replicas=1), inv_node("b")], 110.0)
+    assert [n.idle_since_s for n in third] == [None, 105.0]
+
+
+def test_booting_until_first_ready_and_reclaims_counted_for_spot_pools() -> None:
+    boot, _ = next_nodes((), [inv_node("n", ready=False)], 1.0)
+    assert not boot[0].ever_ready
+    up, _ = next_nodes(boot, [inv_node("n")], 2.0)
+    down, _ = next_nodes(up, [inv_node("n", ready=False)], 3.0)
+    assert down[0].ever_ready  # NotReady after Ready: leaving, not booting
+    notice = ("aws-node-termination-handler/spot-itn=true:NoSchedule",)
+    tainted, _ = next_nodes(up, [inv_node("n", taints=notice)], 4.0)
+    _, reclaims = next_nodes(tainted, [], 5.0, frozenset({"spot"}))
+    assert reclaims == {"spot": 1}
+    _, not_spot = next_nodes(tainted, [], 5.0, frozenset())
+    assert not_spot == {}
