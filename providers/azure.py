@@ -2,9 +2,11 @@
 
 - Regions: the subscription's Microsoft.Compute ``virtualMachines`` locations, with catalog
   coordinates.
-- Offers: ``vmSizes`` of the location (vCPU, memory), priced from libcloud's bundled
-  ``azure_linux`` table (the ARM API has no prices) and merged onto the SkyPilot-format catalog
-  (which adds GPU models and spot prices).
+- Offers: ``vmSizes`` of the location (vCPU, memory), priced live from the Azure Retail
+  Prices API (``AzureOptions.retail_prices_url``; providers/azure_prices.py: Linux
+  pay-as-you-go and spot) or, with that set to "", from libcloud's bundled ``azure_linux``
+  table (the ARM API has no prices), merged onto the SkyPilot-format catalog (which adds GPU
+  models, and spot prices where the API has none).
 - Quotas: ``Microsoft.Compute/locations/<loc>/usages`` (``cores`` -> ``vcpu``,
   ``virtualMachines`` -> ``instances``, per-family vCPU limits under their Azure name).
 - scale_pool is **not** offered (capability absent): Azure VMs need a NIC, image and credentials
@@ -22,6 +24,7 @@ from typing import Any
 
 from providers.base import Capability, Offer, Quota, Region
 from providers.catalog import Catalog
+from providers.azure_prices import RETAIL_PRICES_URL, retail_prices
 from providers.cloud import LibcloudBase
 from providers.errors import NotFoundError, ProviderError
 
@@ -41,6 +44,7 @@ class AzureOptions:
     login_port: int = 443
     max_concurrency: int = 4
     timeout_s: float = 30.0
+    retail_prices_url: str = RETAIL_PRICES_URL  # "" = libcloud's bundled price table only
 
 
 def _driver_cls(login_port: int, login_secure: bool) -> Any:
@@ -127,20 +131,27 @@ class AzureProvider(LibcloudBase):
         drv = await self._driver()
         loc = NodeLocation(region, region, "", drv)
         sizes = await self._call(drv.list_sizes, location=loc, region=region)
+        retail: dict[str, tuple[float | None, float | None]] = {}
+        if self._opts.retail_prices_url:
+            retail = await retail_prices(self._opts.retail_prices_url, region,
+                                         timeout_s=self._opts.timeout_s)
         live = []
         for s in sizes:
             vcpu = float((s.extra or {}).get("numberOfCores") or 0)
             if not vcpu:
                 continue
             key = s.name.lower().replace("_", "").replace("-", "")
-            try:
-                price = get_size_price("compute", "azure_linux", key, region)
-            except KeyError:
-                price = None
+            od, spot = retail.get(s.name, (None, None))
+            if od is None and not retail:
+                try:
+                    od = get_size_price("compute", "azure_linux", key, region) or None
+                except KeyError:
+                    od = None
             live.append(Offer(
                 provider="azure", region=region, instance_type=s.name, vcpu=vcpu,
                 memory_gib=round(float(s.ram or 0) / 1024.0, 3),
-                price_usd_per_hour=float(price) if price else None, source="live",
+                price_usd_per_hour=float(od) if od else None,
+                spot_price_usd_per_hour=spot, source="live",
             ))
         return self._merge_offers(region, live)
 

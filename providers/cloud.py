@@ -123,7 +123,9 @@ class LibcloudBase:
                     vcpu=o.vcpu, memory_gib=o.memory_gib, gpu_count=o.gpu_count,
                     gpu_model=o.gpu_model, interconnect=o.interconnect,
                     price_usd_per_hour=lv.price_usd_per_hour,
-                    spot_price_usd_per_hour=o.spot_price_usd_per_hour, source="live",
+                    spot_price_usd_per_hour=lv.spot_price_usd_per_hour
+                    if lv.spot_price_usd_per_hour is not None else o.spot_price_usd_per_hour,
+                    source="live",
                 )
             out.append(o)
         out.extend(by_type[k] for k in sorted(by_type))

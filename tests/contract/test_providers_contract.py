@@ -80,7 +80,28 @@ def _azure(port: int) -> CloudProvider:
         cloud_environment={"resourceManagerEndpointUrl": url, "activeDirectoryEndpointUrl": url,
                            "activeDirectoryResourceId": url, "storageEndpointSuffix": "local"},
         endpoint_port=port, secure=False, login_port=port, timeout_s=10,
+        retail_prices_url=f"{url}api/retail/prices",
     ))
+
+
+def azure_retail_item(sku: str, price: float, *, spot: bool = False,
+                      windows: bool = False) -> dict[str, object]:
+    """One item of the documented Azure Retail Prices API response (learn.microsoft.com
+    /rest/api/cost-management/retail-prices/azure-retail-prices)."""
+    meter = sku.removeprefix("Standard_").replace("_", " ") + (" Spot" if spot else "")
+    return {"currencyCode": "USD", "tierMinimumUnits": 0.0, "retailPrice": price,
+            "unitPrice": price, "armRegionName": "eastus", "location": "US East",
+            "effectiveStartDate": "2024-01-01T00:00:00Z", "meterName": meter,
+            "productName": "Virtual Machines A Series" + (" Windows" if windows else ""),
+            "skuName": meter, "serviceName": "Virtual Machines", "serviceFamily": "Compute",
+            "unitOfMeasure": "1 Hour", "type": "Consumption", "isPrimaryMeterRegion": True,
+            "armSkuName": sku}
+
+
+def azure_retail_prices(items: list[dict[str, object]]) -> dict[str, object]:
+    return {"BillingCurrency": "USD", "CustomerEntityId": "Default",
+            "CustomerEntityType": "Retail", "Items": items, "NextPageLink": None,
+            "Count": len(items)}
 
 
 # Documented response shape of Azure "Usage - List" (libcloud has no recording of it).
@@ -108,6 +129,10 @@ def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ctx]:
                 "access_token": "t", "token_type": "Bearer", "expires_on": "4102444800"}
             state.extra["/subscriptions/99999999/providers/Microsoft.Compute/locations/"
                         "eastus/usages"] = AZURE_USAGES
+            state.extra["/api/retail/prices"] = azure_retail_prices([
+                azure_retail_item("Standard_A2", 0.09),
+                azure_retail_item("Standard_A2", 0.018, spot=True),
+                azure_retail_item("Standard_A2", 0.13, windows=True)])
             yield Ctx(_azure(port), "eastus", state.faults.append, state)
 
 
@@ -136,6 +161,9 @@ async def test_list_offers_merges_live_sizes_with_catalog(ctx: Ctx) -> None:
     assert any(o.gpu_count > 0 and o.gpu_model for o in offers)
     priced = [o for o in offers if o.price_usd_per_hour is not None]
     assert all(o.price_usd_per_hour > 0 for o in priced)  # type: ignore[operator]
+    if ctx.provider.name == "azure":  # live from the Retail Prices API: Linux, and spot
+        a2 = next(o for o in offers if o.instance_type == "Standard_A2")
+        assert (a2.price_usd_per_hour, a2.spot_price_usd_per_hour) == (0.09, 0.018)
 
 
 async def test_quotas_have_limits(ctx: Ctx) -> None:
