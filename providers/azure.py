@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from providers.azure_prices import RETAIL_PRICES_URL, retail_prices
 from providers.base import Capability, Offer, Quota, Region
 from providers.catalog import Catalog
-from providers.azure_prices import RETAIL_PRICES_URL, retail_prices
 from providers.cloud import LibcloudBase
 from providers.errors import NotFoundError, ProviderError
 

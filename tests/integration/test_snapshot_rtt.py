@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import subprocess
 import sys
 import time
 import uuid
@@ -145,11 +144,11 @@ async def test_a_real_agents_measurement_replaces_the_estimate(
     assert placed_on(await plan_now(store), wid) == {"cloud"}
     probe_point = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", 0)
     port = probe_point.sockets[0].getsockname()[1]
-    agent = subprocess.Popen([
+    agent = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "edge_agent.cli", "run", "--site", "e-a", "--broker",
         f"mqtt://{mqtt_addr[0]}:{mqtt_addr[1]}", "--prefix", prefix, "--data-dir",
         str(tmp_path / "e-a"), "--probe", f"users=127.0.0.1:{port}", "--probe-every-s", "0.2",
-        "--log-level", "WARNING"])
+        "--log-level", "WARNING")
     try:
         ms = await measured(store, "e-a", "users")
         assert ms < 25.0  # the agent's probe point is on this host: a loopback connect
@@ -161,7 +160,7 @@ async def test_a_real_agents_measurement_replaces_the_estimate(
         assert rec.placement.rtt_ms == pytest.approx(ms)
     finally:
         agent.kill()
-        agent.wait(5)
+        await asyncio.wait_for(agent.wait(), 5)
         probe_point.close()
         with contextlib.suppress(Exception):
             await probe_point.wait_closed()

@@ -179,8 +179,10 @@ def test_observed_inventory_replaces_registered_capacity() -> None:
     assert states["gone"].leaving is NodeLeaving.CORDONED
     assert states["sick"].leaving is NodeLeaving.NOT_READY
     assert states["spot"].leaving is NodeLeaving.TERMINATING
-    assert states["new"].booting and states["new"].leaving is NodeLeaving.NO
-    assert "stray" not in states and c.pools[1].nodes == 0
+    assert states["new"].booting
+    assert states["new"].leaving is NodeLeaving.NO
+    assert "stray" not in states
+    assert c.pools[1].nodes == 0
     assert c.provenance["observed"].age_s == 2.0
     assert not c.provenance["observed"].stale
 
@@ -239,7 +241,8 @@ def test_a_site_registered_once_is_an_edge_cluster_the_hub_judges() -> None:
                              hub={"edge-muc": HubReading(SiteHealth.DOWN, NOW - 1.0)}),
                  SETTINGS)
     (c,) = snap.clusters
-    assert c.is_edge and c.pools[0].pricing is PricingModel.EDGE
+    assert c.is_edge
+    assert c.pools[0].pricing is PricingModel.EDGE
     assert c.pools[0].node == Resources(16, 64, 1)
     assert not c.healthy
     assert c.provenance["health"].source == "hub"
@@ -253,7 +256,8 @@ def test_old_site_plus_shadow_cluster_keeps_cluster_pools_and_takes_hub_health()
                              sites=(SiteMember(site(health=SiteHealth.DOWN)),),
                              hub={"edge-muc": HubReading(SiteHealth.DOWN, NOW)}), SETTINGS)
     (c,) = snap.clusters
-    assert c.pools[0].name == "site" and c.pools[0].node.cpu == 8.0
+    assert c.pools[0].name == "site"
+    assert c.pools[0].node.cpu == 8.0
     assert not c.healthy
     assert c.allowed_tenants is None
 
