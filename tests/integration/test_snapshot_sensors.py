@@ -44,6 +44,7 @@ from tests.contract.test_providers_contract import (
 )
 
 pytestmark = pytest.mark.integration
+REGION = "us-west-2"
 FAST = RetryPolicy(attempts=2, initial_s=0.001, max_s=0.005, jitter_s=0.001)
 SETTINGS = PlacementSettings(time_limit_s=2.0)
 
@@ -126,14 +127,14 @@ async def test_quota_synced_from_moto_changes_the_next_epoch(store: Store,
 
     opts = AwsOptions("AKIDSENSE", "sense-secret", endpoint_host="127.0.0.1",
                       endpoint_port=moto_port, secure=False, timeout_s=10, vcpu_limit=64)
-    image = (await asyncio.to_thread(AwsProvider(opts)._driver("us-east-1").list_images))[0].id
+    # moto's state is per process and region: another suite's instances live in us-east-1
+    image = (await asyncio.to_thread(AwsProvider(opts)._driver(REGION).list_images))[0].id
     aws = AwsProvider(AwsOptions(**{**{f: getattr(opts, f) for f in opts.__slots__},
                                     "image_id": image}))
-    sync = QuotaSync(store, [Account("aws-main", aws, ("us-east-1",))], SystemClock(),
-                     retry=FAST)
+    sync = QuotaSync(store, [Account("aws-main", aws, (REGION,))], SystemClock(), retry=FAST)
     m5 = Resources(8, 32, 0)
     async with store.unit() as uow:
-        await uow.clusters.upsert(cluster("aws-use1", "aws", "us-east-1",
+        await uow.clusters.upsert(cluster("aws-usw2", "aws", REGION,
                                           pool("m5", "m5.2xlarge", m5, 0.384)),
                                   tenant="admin", account="aws-main")
         await uow.clusters.upsert(cluster("gcp-usc1", "gcp", "us-central1",
@@ -144,26 +145,26 @@ async def test_quota_synced_from_moto_changes_the_next_epoch(store: Store,
     first = await submit(store, batch("first", replicas=4, cpu=4))  # 16 vCPU: 2 new nodes
     plan = await loop(store).tick()
     assert plan is not None
-    assert clusters_of(plan, first) == {"aws-use1"}
+    assert clusters_of(plan, first) == {"aws-usw2"}
 
     second = await submit(store, batch("second", replicas=4, cpu=4))
     before = await plan_now(store)
-    assert clusters_of(before, second) == {"aws-use1"}  # 64 vCPU leave room for new nodes
-    assert [s.cluster for s in before.scale] == ["aws-use1"]
+    assert clusters_of(before, second) == {"aws-usw2"}  # 64 vCPU leave room for new nodes
+    assert [s.cluster for s in before.scale] == ["aws-usw2"]
     # Someone else starts 6 x m5.2xlarge (48 vCPU) in the account: the quota left shrinks.
-    assert await aws.scale_pool(region="us-east-1", pool="other-team",
+    assert await aws.scale_pool(region=REGION, pool="other-team",
                                 instance_type="m5.2xlarge", nodes=6, labels={}) == 6
     assert all(r.ok for r in await sync.sync_once())
     reader = SnapshotReader(SnapshotSettings(), SETTINGS)
     snap = await reader.pending_snapshot(store, batch_max=100)
     assert snap is not None
-    aws_c = next(c for c in snap.clusters if c.name == "aws-use1")
+    aws_c = next(c for c in snap.clusters if c.name == "aws-usw2")
     assert aws_c.quota_vcpu == pytest.approx(64 - 48)
     assert aws_c.provenance["quota"].source == "sync"
     plan = await loop(store).tick()
     assert plan is not None
     # No new aws node fits the quota left: what the nodes already ordered cannot hold moves on.
-    assert not [s for s in plan.scale if s.cluster == "aws-use1"]
+    assert not [s for s in plan.scale if s.cluster == "aws-usw2"]
     assert "gcp-usc1" in clusters_of(plan, second)
 
 
