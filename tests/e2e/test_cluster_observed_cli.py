@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ def until(fn: Callable[[], Any], timeout_s: float = 60.0) -> Any:
         got = fn()
         if got:
             return got
-        time.sleep(0.25)
+        threading.Event().wait(0.25)  # a plain pause: this test is synchronous
     raise AssertionError("condition not met in time")
 
 
