@@ -158,7 +158,8 @@ class PlacementLoop(PollingLoop):
                 if observed and holder is not None and isinstance(pa, Mapping):
                     stored = replace(p, decision={
                         **p.decision, "policy_action": share_observation(pa, holder)})
-                pid = await uow.placements.record(stored, message=message)
+                pid = await uow.placements.record(
+                    stored, message=message, demand_tau_s=self.reader.settings.demand_tau_s)
                 if observed and holder is None and pid is not None:
                     holder = pid
             for wid, reason in plan.unplaced.items():

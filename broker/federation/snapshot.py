@@ -15,7 +15,7 @@ the time it was read (the merge turns those into `Provenance` ages):
   the edge hub); an RTT to a `host:port` probe counts for the user region that lists that
   probe (`[[placement.user_regions]] probes`);
 - the pending batch, the active placements with their workloads (commitments, replica
-  counts) and the placements of the last 5 demand time constants (the demand EWMA).
+  counts) and each pool's demand EWMA (`uow.demand`, kept as placements are recorded).
 
 Network maps (catalog RTTs, egress, the cluster graph) come from the offline catalog through
 placement/network.py; the cluster graph is cached per set of clusters.
@@ -39,7 +39,7 @@ from broker.domain import (
     WorkloadStatus,
 )
 from broker.placement.network import NetworkCatalog, batch_maps, cluster_pairs
-from broker.placement.observed import Inventory, demand_rate, pool_of
+from broker.placement.observed import Inventory, decayed, pool_of
 from broker.placement.snapshot import (
     HubReading,
     Member,
@@ -61,7 +61,6 @@ from broker.store import ClusterRecord, InventoryRecord, SiteRecord, Store, Unit
 log = logging.getLogger(__name__)
 
 OPERATOR_TENANTS = frozenset({"admin"})
-DEMAND_WINDOW_TAUS = 5.0  # older placements weigh < e^-5 = 0.7 % in the demand EWMA
 Pair = tuple[str, str]
 
 
@@ -86,7 +85,7 @@ class Readings:
     pending: tuple[Workload, ...] = ()
     running: tuple[Placement, ...] = ()
     workloads: Mapping[str, Workload] = field(default_factory=dict)
-    history: tuple[tuple[Placement, float], ...] = ()  # (placement, created_s)
+    demand: Mapping[Pair, tuple[float, float, float]] = field(default_factory=dict)
     tenants: tuple[Any, ...] = ()
 
 
@@ -150,25 +149,8 @@ def rtts_of(sites: Sequence[SiteRecord], aliases: Mapping[str, str]) -> tuple[Rt
     return tuple(out)
 
 
-def demand_of(history: Sequence[tuple[Placement, float]], workloads: Mapping[str, Workload],
-              now_s: float, tau_s: float) -> dict[Pair, tuple[float, float]]:
-    """Per (cluster, pool): the EWMA of requested vCPUs and GPUs per second."""
-    cpu: dict[Pair, list[tuple[float, float]]] = {}
-    gpu: dict[Pair, list[tuple[float, float]]] = {}
-    for p, created_s in history:
-        w = workloads.get(p.workload_id)
-        if w is None:
-            continue
-        for a in p.assignments:
-            key = (a.cluster, a.pool)
-            cpu.setdefault(key, []).append((created_s, w.spec.resources.cpu * a.replicas))
-            gpu.setdefault(key, []).append((created_s, w.spec.resources.gpu * a.replicas))
-    return {k: (demand_rate(cpu[k], now_s, tau_s), demand_rate(gpu.get(k, []), now_s, tau_s))
-            for k in cpu}
-
-
 async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
-               running: bool = True, demand_tau_s: float | None = None) -> Readings:
+               running: bool = True) -> Readings:
     """One consistent read of every sensor (see the module docstring)."""
     now = uow.now
     clusters = tuple(await uow.clusters.list_records())
@@ -177,31 +159,23 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
     prices = await _prices(uow, clusters)
     quotas = await _quotas(uow, clusters)
     placed: list[Placement] = []
-    history: list[tuple[Placement, float]] = []
     if running:
         placed = [r.placement for r in await uow.placements.list_active()]
-    if demand_tau_s is not None:
-        since = now - DEMAND_WINDOW_TAUS * demand_tau_s
-        history = [(r.placement, r.created_s)
-                   for r in await uow.placements.list_created_since(since)]
-    ids = {p.workload_id for p in placed} | {p.workload_id for p, _ in history}
+    ids = {p.workload_id for p in placed}
     workloads = await uow.workloads.get_many(sorted(ids)) if ids else {}
     return Readings(now_s=now, clusters=clusters, sites=sites, inventory=inventory,
                     prices=prices, quotas=quotas, pending=tuple(pending),
-                    running=tuple(placed), workloads=workloads, history=tuple(history),
+                    running=tuple(placed), workloads=workloads,
+                    demand=await uow.demand.list() if running else {},
                     tenants=tuple(await uow.tenants.list()))
 
 
 async def _prices(uow: UnitOfWork, clusters: Sequence[ClusterRecord]
                   ) -> dict[tuple[str, str, str], PriceReading]:
-    out: dict[tuple[str, str, str], PriceReading] = {}
-    for provider, region in sorted({(r.cluster.provider, r.cluster.region) for r in clusters}):
-        synced = await uow.offers.updated_times(provider=provider, region=region)
-        for o in await uow.offers.list(provider=provider, region=region):
-            at = synced.get(o.instance_type)
-            if at is not None:
-                out[(provider, region, o.instance_type)] = PriceReading(o, at)
-    return out
+    """The synced offer of every registered pool's (provider, region, instance type)."""
+    keys = [(r.cluster.provider, r.cluster.region, p.instance_type)
+            for r in clusters for p in r.cluster.pools]
+    return {k: PriceReading(o, at) for k, (o, at) in (await uow.offers.with_times(keys)).items()}
 
 
 async def _quotas(uow: UnitOfWork, clusters: Sequence[ClusterRecord]
@@ -264,6 +238,7 @@ class SnapshotReader:
         self._aliases = {probe: u.name for u in placement.user_regions for probe in u.probes}
 
     def inputs(self, r: Readings, *, network: bool = True) -> MergeInputs:
+        tau = self.settings.demand_tau_s
         members = tuple(_member(c) for c in r.clusters)
         sites = tuple(_site_member(s) for s in r.sites)
         inputs = MergeInputs(
@@ -276,7 +251,8 @@ class SnapshotReader:
             hub={s.site.name: HubReading(s.site.health, s.last_seen_s) for s in r.sites},
             rtts=rtts_of(r.sites, self._aliases), pending=r.pending, running=r.running,
             workloads=r.workloads, replicas=replica_counts(r.running, r.workloads),
-            demand=demand_of(r.history, r.workloads, r.now_s, self.settings.demand_tau_s),
+            demand={k: (decayed(c, at, r.now_s, tau), decayed(g, at, r.now_s, tau))
+                    for k, (c, g, at) in r.demand.items()},
             tenants=r.tenants)
         if not network:
             return inputs
@@ -305,7 +281,7 @@ class SnapshotReader:
             pending = await uow.workloads.list_pending(limit=batch_max)
             if not pending:
                 return None
-            r = await read(uow, pending=pending, demand_tau_s=self.settings.demand_tau_s)
+            r = await read(uow, pending=pending)
         return self.snapshot(r)
 
     async def whatif_snapshot(self, store: Store, placement_id: str, *, tenant: str | None
@@ -315,7 +291,7 @@ class SnapshotReader:
             rec = await uow.placements.get(placement_id, tenant=tenant)
             wrec = await uow.workloads.get(rec.placement.workload_id, tenant=tenant)
             workload = replace(wrec.workload, status=WorkloadStatus.PENDING)
-            r = await read(uow, pending=[workload], demand_tau_s=self.settings.demand_tau_s)
+            r = await read(uow, pending=[workload])
         others = tuple(p for p in r.running if p.workload_id != workload.id)
         return self.snapshot(replace(r, running=others)), rec
 

@@ -36,9 +36,11 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   set_status(id, status, message="", event_data=None)   # + event workload.<status>
                   cancel(id, tenant=) -> WorkloadRecord                  # idempotent, + event
                   requeue(id, reason=)    # back to pending, active placement retired, + event
-  uow.placements  record(placement, status=PLACED, message="") -> placement_id | None
+  uow.placements  record(placement, status=PLACED, message="", demand_tau_s=None)
+                        -> placement_id | None
                         # retires the previous active placement, sets workload status, + event;
-                        # None (nothing written) if the workload was cancelled/finished meanwhile
+                        # None (nothing written) if the workload was cancelled/finished meanwhile;
+                        # with demand_tau_s, counts its requests into each pool's demand EWMA
                   get(id, tenant=None) -> PlacementRecord
                   get_active_for_workload(workload_id) -> PlacementRecord | None
                   list_undispatched(limit=500) -> list[PlacementRecord]
@@ -46,7 +48,6 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   record_dispatch_failure(id, error) -> attempts
                   list_active_on_cluster(cluster) -> list[PlacementRecord]  # placed/running
                   list_active(limit=10000) -> list[PlacementRecord]
-                  list_created_since(since_s, limit=20000) -> list[PlacementRecord]
                   list_to_withdraw(limit=500) -> list[PlacementRecord]  # cancelled but applied
                   retire(id)
                   move(workload_id, from_cluster=, to_cluster=, to_pool=, by=, cause="")
@@ -67,7 +68,7 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   list(tenant=None) -> list[Site] ; list_records(tenant=None) ; set_attrs(name, a)
   uow.offers      upsert_many(offers) -> count ; list(provider=None, region=None) -> list[Offer]
                   updated_s(provider=, region=) -> float | None
-                  updated_times(provider=, region=) -> {instance_type: updated_s}
+                  with_times([(provider, region, type)]) -> {key: (Offer, updated_s)}
   uow.quotas      insert_snapshot(account=, provider=, quotas=, ok=True, error="", taken_s=None)
                   last_known_good(account) -> QuotaSnapshot | None
                   mark_account_stale(account, provider=, error=) -> consecutive failures
@@ -77,6 +78,8 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
   uow.inventory   put(member, nodes, reclaims=None, observed_s=None)   # the poller's newest
                   get(member) -> InventoryRecord | None ; list() -> {member: InventoryRecord}
                   record_error(member, error) ; delete(member)
+  uow.demand      add(cluster, pool, cpu=, gpu=, tau_s=)   # placements.record calls it
+                  list() -> {(cluster, pool): (cpu/s, gpu/s, at_s)}
   uow.events      append(kind, subject, data=None, tenant=None, ts=None)   # append-only
                   list(tenant=None, after_id=0, limit=100, kind=None, subject=None)
   uow.tenants     ensure(name, budget_usd_per_hour=None) ; get(name) ; list()

@@ -1,4 +1,5 @@
-"""Observed inventory: the newest node list each driver reported (the inventory poller's).
+"""Observed inventory (the newest node list each driver reported, the inventory poller's)
+and the per-pool demand EWMA (kept as placements are recorded).
 
 One row per member (cluster or edge site): written by every poll, so every broker replica
 (API, placement loop) reads the same observation; `observed_s` advances with each poll. The
@@ -13,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from broker.placement.observed import ObservedNode
+from broker.placement.observed import ObservedNode, decayed
 from broker.store.mapping import node_from_json, node_to_json
-from broker.store.models import InventoryRow
+from broker.store.models import InventoryRow, PoolDemandRow
 from broker.store.records import InventoryRecord
 
 
@@ -62,3 +63,28 @@ class InventoryRepo:
 
     async def delete(self, member: str) -> None:
         await self._s.execute(delete(InventoryRow).where(InventoryRow.member == member))
+
+
+class DemandRepo:
+    """Per-pool demand EWMA rows (models.PoolDemandRow)."""
+
+    def __init__(self, session: AsyncSession, now: float) -> None:
+        self._s = session
+        self._now = now
+
+    async def add(self, cluster: str, pool: str, *, cpu: float, gpu: float,
+                  tau_s: float) -> None:
+        """Count `cpu` vCPUs and `gpu` GPUs requested now: decay to now, add amount / tau."""
+        row = await self._s.get(PoolDemandRow, (cluster, pool))
+        if row is None:
+            row = PoolDemandRow(cluster=cluster, pool=pool, cpu_per_s=0.0, gpu_per_s=0.0,
+                                at_s=self._now)
+            self._s.add(row)
+        row.cpu_per_s = decayed(row.cpu_per_s, row.at_s, self._now, tau_s) + cpu / tau_s
+        row.gpu_per_s = decayed(row.gpu_per_s, row.at_s, self._now, tau_s) + gpu / tau_s
+        row.at_s = max(row.at_s, self._now)
+
+    async def list(self) -> builtins.dict[tuple[str, str], tuple[float, float, float]]:
+        """(cluster, pool) -> (vCPU/s, GPU/s, as of when): decay to your now before use."""
+        rows = (await self._s.scalars(select(PoolDemandRow))).all()
+        return {(r.cluster, r.pool): (r.cpu_per_s, r.gpu_per_s, r.at_s) for r in rows}

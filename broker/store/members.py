@@ -234,12 +234,21 @@ class OfferRepo:
             q = q.where(OfferRow.region == region)
         return [offer_from_row(r) for r in (await self._s.scalars(q)).all()]
 
-    async def updated_times(self, *, provider: str, region: str
-                            ) -> builtins.dict[str, float]:
-        """Instance type -> when its offer was last written (by sync) in (provider, region)."""
-        q = select(OfferRow.instance_type, OfferRow.updated_s).where(
-            OfferRow.provider == provider, OfferRow.region == region)
-        return {str(t): float(u) for t, u in (await self._s.execute(q)).all()}
+    async def with_times(self, keys: Sequence[tuple[str, str, str]]
+                         ) -> builtins.dict[tuple[str, str, str], tuple[Offer, float]]:
+        """(provider, region, instance type) -> (its offer, when sync last wrote it), for
+        the keys that have one; one query whatever the number of keys."""
+        wanted = set(keys)
+        if not wanted:
+            return {}
+        q = select(OfferRow).where(OfferRow.instance_type.in_(sorted({k[2] for k in wanted})),
+                                   OfferRow.region.in_(sorted({k[1] for k in wanted})))
+        out = {}
+        for r in (await self._s.scalars(q)).all():
+            key = (r.provider, r.region, r.instance_type)
+            if key in wanted:
+                out[key] = (offer_from_row(r), r.updated_s)
+        return out
 
     async def updated_s(self, *, provider: str, region: str) -> float | None:
         """When offers of (provider, region) were last refreshed, or None."""

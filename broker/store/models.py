@@ -192,6 +192,20 @@ class InventoryRow(Base):
     error_s: Mapped[float | None] = mapped_column(Float)
 
 
+class PoolDemandRow(Base):
+    """The demand EWMA of one pool (placement/observed.py): requested vCPUs and GPUs per
+    second as of `at_s`, kept incrementally as placements are recorded (decay to now, then
+    add amount / tau: the twin's `SimPool.add_demand`). Keyed by names, not a foreign key:
+    an edge site registered only as a site has a pool (`site`) but no pool row."""
+
+    __tablename__ = "pool_demand"
+    cluster: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(128), primary_key=True)
+    cpu_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    at_s: Mapped[float] = mapped_column(Float)
+
+
 class WorkloadRow(Base):
     __tablename__ = "workloads"
     __table_args__ = (

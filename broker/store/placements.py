@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from broker.domain import Placement, WorkloadStatus
 from broker.errors import NotFoundError
 from broker.store.events import EventRepo
+from broker.store.inventory import DemandRepo
 from broker.store.mapping import (
     assignments_from_json,
     assignments_to_json,
@@ -51,7 +52,7 @@ class PlacementRepo:
 
     async def record(self, placement: Placement, *,
                      status: WorkloadStatus = WorkloadStatus.PLACED,
-                     message: str = "") -> str | None:
+                     message: str = "", demand_tau_s: float | None = None) -> str | None:
         """Store `placement` as the workload's active one and set its status; returns its id.
 
         Returns None and writes nothing when the workload was cancelled or
@@ -75,6 +76,12 @@ class PlacementRepo:
             cost_usd_per_hour=placement.cost_usd_per_hour, rtt_ms=placement.rtt_ms,
             decision=dict(placement.decision), active=True, dispatched=False,
             dispatch_attempts=0, last_error="", created_s=self._now, updated_s=self._now))
+        if demand_tau_s is not None:  # the pools' demand EWMA (placement/observed.py)
+            res = w.spec.get("resources") or {}
+            demand = DemandRepo(self._s, self._now)
+            for a in placement.assignments:
+                await demand.add(a.cluster, a.pool, cpu=float(res.get("cpu", 0.0)) * a.replicas,
+                                 gpu=float(res.get("gpu", 0)) * a.replicas, tau_s=demand_tau_s)
         w.status = str(status)
         w.placement_id = pid
         w.message = message
@@ -175,14 +182,6 @@ class PlacementRepo:
         """Every active placement of a placed/running workload (the `running` snapshot)."""
         q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
              .where(PlacementRow.active.is_(True), WorkloadRow.status.in_(LIVE))
-             .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
-        return [_record(r) for r in (await self._s.scalars(q)).all()]
-
-    async def list_created_since(self, since_s: float, *,
-                                 limit: int = 20_000) -> list[PlacementRecord]:
-        """Placements (active or not) written at or after `since_s`, oldest first: the
-        history the demand EWMA is computed from (placement/observed.py `demand_rate`)."""
-        q = (select(PlacementRow).where(PlacementRow.created_s >= since_s)
              .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
         return [_record(r) for r in (await self._s.scalars(q)).all()]
 

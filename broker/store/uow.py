@@ -27,7 +27,7 @@ from broker.store import fastpath
 from broker.store.auth import TenantRepo, TokenRepo
 from broker.store.engine import create_engine, mapped_errors, parse_store_url
 from broker.store.events import EventRepo
-from broker.store.inventory import InventoryRepo
+from broker.store.inventory import DemandRepo, InventoryRepo
 from broker.store.members import ClusterRepo, OfferRepo, SiteRepo
 from broker.store.migrate import check_schema
 from broker.store.placements import PlacementRepo
@@ -52,6 +52,7 @@ class UnitOfWork:
         self.offers = OfferRepo(session, now)
         self.quotas = QuotaRepo(session, now, self.events)
         self.inventory = InventoryRepo(session, now)
+        self.demand = DemandRepo(session, now)
 
 
 class Store:

@@ -1,4 +1,4 @@
-"""observed inventory per cluster/site (the inventory poller; placement/snapshot.py merges it)
+"""observed inventory per cluster/site and per-pool demand (placement/snapshot.py merges them)
 
 Revision ID: 0002_observed_inventory
 Revises: 0001
@@ -32,7 +32,17 @@ def upgrade() -> None:
         sa.Column("error_s", sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint("member", name=op.f("pk_inventory")),
     )
+    op.create_table(
+        "pool_demand",
+        sa.Column("cluster", sa.String(length=128), nullable=False),
+        sa.Column("pool", sa.String(length=128), nullable=False),
+        sa.Column("cpu_per_s", sa.Float(), nullable=False),
+        sa.Column("gpu_per_s", sa.Float(), nullable=False),
+        sa.Column("at_s", sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint("cluster", "pool", name=op.f("pk_pool_demand")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("pool_demand")
     op.drop_table("inventory")

@@ -157,7 +157,8 @@ async def reproduce(eng: Engine, store: Store, clock: ManualClock) -> None:
         pricing = PricingModel.SPOT if pool.spec.spot else PricingModel.ON_DEMAND
         async with store.unit() as uow:
             await uow.placements.record(Placement(ids[wid], (
-                Assignment(g.cluster, g.pool, pricing, g.count, pool.price_usd_per_hour),), 1.0))
+                Assignment(g.cluster, g.pool, pricing, g.count, pool.price_usd_per_hour),), 1.0),
+                demand_tau_s=eng.config.demand_tau_s)  # as the placement loop records
             if g.running:
                 await uow.workloads.set_status(ids[wid], WorkloadStatus.RUNNING)
     clock.advance(now - clock.now())
