@@ -52,6 +52,9 @@ def with_commitments(
     used, ordered = committed_usage(placements, workloads)
     out: list[Cluster] = []
     for c in clusters:
+        if not any((c.name, p.name) in used or (c.name, p.name) in ordered for p in c.pools):
+            out.append(c)  # nothing committed here: the same value
+            continue
         pools: list[Pool] = []
         for pool in c.pools:
             key = (c.name, pool.name)

@@ -95,10 +95,10 @@ def leaving(node: ObservedNode) -> NodeLeaving:
     return NodeLeaving.NO
 
 
-def pool_of(node: ObservedNode, pools: Sequence[Pool]) -> str | None:
-    """Rule 1 of the module docstring."""
-    names = {p.name for p in pools}
-    if node.pool in names:
+def pool_of(node: ObservedNode, pools: Sequence[Pool],
+            names: frozenset[str] | None = None) -> str | None:
+    """Rule 1 of the module docstring (`names`: the pools' names, when already at hand)."""
+    if node.pool in (names if names is not None else {p.name for p in pools}):
         return node.pool
     by_type = [p.name for p in pools if node.instance_type and p.instance_type
                == node.instance_type]
@@ -115,20 +115,23 @@ def _nvlink_set(instance_type: str, gpus: int, model: str | None, used: int) -> 
 
 def largest_free_set(pool: Pool, node: ObservedNode) -> int:
     """Rule 4 of the module docstring, for one node."""
-    gpus = node.allocatable.gpu
-    free = max(0, gpus - node.allocated.gpu)
+    gpus, used = node.allocatable.gpu, node.allocated.gpu
+    free = gpus - used if gpus > used else 0
     if free == 0 or pool.interconnect is not Interconnect.NVLINK_PAIRS:
         return free
-    return _nvlink_set(pool.instance_type, gpus, pool.gpu_model, min(gpus, node.allocated.gpu))
+    return _nvlink_set(pool.instance_type, gpus, pool.gpu_model, used)
 
 
 def node_state(pool: Pool, node: ObservedNode) -> NodeState:
+    gpus, used = node.allocatable.gpu, node.allocated.gpu
     return NodeState(
         name=node.name, cpu_allocated=node.allocated.cpu,
         memory_allocated_gib=node.allocated.memory_gib,
-        gpu_free=max(0, node.allocatable.gpu - node.allocated.gpu),
+        gpu_free=gpus - used if gpus > used else 0,
         largest_free_gpu_set=largest_free_set(pool, node),
-        booting=not node.ready and not node.ever_ready, leaving=leaving(node),
+        booting=not node.ready and not node.ever_ready,
+        leaving=leaving(node) if node.taints or node.unschedulable or not node.ready
+        else NodeLeaving.NO,
         idle_since_s=node.idle_since_s, prewarmed=node.prewarmed)
 
 
@@ -139,35 +142,56 @@ def reclaim_rate_per_hour(reclaims: int, since_s: float, now_s: float) -> float:
 def observed_pool(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 0,
                   since_s: float = 0.0, now_s: float = 0.0) -> Pool:
     """`pool` with rules 3-5 of the module docstring applied to its observed `nodes`."""
-    states = tuple(node_state(pool, n) for n in nodes)
-    counted = [(n, s) for n, s in zip(nodes, states, strict=True)
-               if s.leaving is NodeLeaving.NO]
-    used = Resources()
-    for n, _ in counted:
-        used = used + n.allocated
-    shape = pool.node
-    if counted:
-        shape = Resources(min(n.allocatable.cpu for n, _ in counted),
-                          min(n.allocatable.memory_gib for n, _ in counted),
-                          min(n.allocatable.gpu for n, _ in counted))
-    return replace(
-        pool, node=shape, nodes=len(counted), max_nodes=max(pool.max_nodes, len(counted)),
-        used=used, node_states=states,
-        largest_free_gpu_set=max((s.largest_free_gpu_set for _, s in counted), default=0),
-        reclaim_rate_per_hour=reclaim_rate_per_hour(reclaims, since_s, now_s))
+    return replace(pool, **observed_fields(pool, nodes, reclaims=reclaims, since_s=since_s,
+                                           now_s=now_s))  # type: ignore[arg-type]
+
+
+def observed_fields(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 0,
+                    since_s: float = 0.0, now_s: float = 0.0) -> dict[str, object]:
+    """The `Pool` fields rules 3-5 replace (so a caller can make one copy of the pool)."""
+    states = []
+    count = 0
+    cpu = mem = 0.0
+    gpu = largest = 0
+    min_cpu = min_mem = math.inf
+    min_gpu = 1 << 30
+    for n in nodes:  # one pass: this runs every epoch, for every node
+        st = node_state(pool, n)
+        states.append(st)
+        if st.leaving is not NodeLeaving.NO:
+            continue
+        count += 1
+        a, u = n.allocatable, n.allocated
+        cpu, mem, gpu = cpu + u.cpu, mem + u.memory_gib, gpu + u.gpu
+        min_cpu, min_mem = min(min_cpu, a.cpu), min(min_mem, a.memory_gib)
+        min_gpu = min(min_gpu, a.gpu)
+        largest = max(largest, st.largest_free_gpu_set)
+    return {"node": Resources(min_cpu, min_mem, min_gpu) if count else pool.node,
+            "nodes": count, "max_nodes": max(pool.max_nodes, count),
+            "used": Resources(cpu, mem, gpu), "node_states": tuple(states),
+            "largest_free_gpu_set": largest,
+            "reclaim_rate_per_hour": reclaim_rate_per_hour(reclaims, since_s, now_s)}
+
+
+def nodes_by_pool(pools: Sequence[Pool], inventory: Inventory
+                  ) -> tuple[dict[str, list[ObservedNode]], int]:
+    """Rule 1 over an inventory: each pool's nodes, and how many nodes matched no pool."""
+    by_pool: dict[str, list[ObservedNode]] = {p.name: [] for p in pools}
+    names = frozenset(by_pool)
+    stray = 0
+    for n in inventory.nodes:
+        name = n.pool if n.pool in names else pool_of(n, pools, names)
+        if name is None:
+            stray += 1
+        else:
+            by_pool[name].append(n)
+    return by_pool, stray
 
 
 def observed_pools(pools: Sequence[Pool], inventory: Inventory, now_s: float
                    ) -> tuple[tuple[Pool, ...], int]:
     """Every registered pool with its observed nodes; and how many nodes matched no pool."""
-    by_pool: dict[str, list[ObservedNode]] = {p.name: [] for p in pools}
-    stray = 0
-    for n in inventory.nodes:
-        name = pool_of(n, pools)
-        if name is None:
-            stray += 1
-        else:
-            by_pool[name].append(n)
+    by_pool, stray = nodes_by_pool(pools, inventory)
     out = tuple(observed_pool(p, by_pool[p.name], reclaims=inventory.reclaims.get(p.name, 0),
                               since_s=inventory.since_s, now_s=now_s) for p in pools)
     return out, stray

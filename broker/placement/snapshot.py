@@ -57,7 +57,7 @@ from broker.domain import (
     WorkloadStatus,
 )
 from broker.placement.commitments import with_commitments
-from broker.placement.observed import Inventory, observed_pools
+from broker.placement.observed import Inventory, ObservedNode, nodes_by_pool, observed_fields
 from providers.base import Offer
 
 Pair = tuple[str, str]
@@ -199,9 +199,9 @@ def _prov(source: str, now_s: float, at_s: float | None, limit_s: float) -> Prov
     return Provenance(source, age, stale=at_s is not None and age > limit_s)
 
 
-def price_pool(pool: Pool, member: Member, inputs: MergeInputs,
-               settings: MergeSettings) -> tuple[Pool, Provenance]:
-    """The pool at its newest price and where that price came from."""
+def price_of(pool: Pool, member: Member, inputs: MergeInputs,
+             settings: MergeSettings) -> tuple[float, Provenance]:
+    """The pool's newest price per node and hour, and where it came from."""
     c = member.cluster
     reading = None if pool.pricing is PricingModel.EDGE else inputs.prices.get(
         (c.provider, c.region, pool.instance_type))
@@ -210,10 +210,9 @@ def price_pool(pool: Pool, member: Member, inputs: MergeInputs,
         price = o.spot_price_usd_per_hour if pool.pricing is PricingModel.SPOT \
             else o.price_usd_per_hour
         if price is not None:
-            return (replace(pool, price_usd_per_hour=price),
-                    _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s))
+            return price, _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s)
     source = member.price_sources.get(pool.name, "registration")
-    return pool, Provenance(source, _age(inputs.now_s, member.registered_s))
+    return pool.price_usd_per_hour, Provenance(source, _age(inputs.now_s, member.registered_s))
 
 
 def _worst(provs: Sequence[Provenance], default: Provenance) -> Provenance:
@@ -223,9 +222,10 @@ def _worst(provs: Sequence[Provenance], default: Provenance) -> Provenance:
     return min(provs, key=lambda p: (_SOURCE_RANK.get(p.source, 0), -p.age_s))
 
 
-def quota_of(cluster: Cluster, member: Member, inputs: MergeInputs,
+def quota_of(cluster: Cluster, pools: Sequence[Pool], member: Member, inputs: MergeInputs,
              settings: MergeSettings) -> tuple[float | None, float | None, bool, Provenance]:
-    """(vCPU quota, GPU quota, stale, provenance) for the planner; see the module docstring."""
+    """(vCPU quota, GPU quota, stale, provenance) for the planner; see the module docstring.
+    `pools`: the cluster's pools as observed (their nodes are this cluster's own use)."""
     keep = 1.0 - settings.stale_quota_margin
     reading = inputs.quotas.get((member.account or "", cluster.region)) \
         if member.account else None
@@ -240,8 +240,8 @@ def quota_of(cluster: Cluster, member: Member, inputs: MergeInputs,
     prov = _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s)
     stale = prov.stale or reading.failing
     frac = keep if stale else 1.0
-    own_cpu = sum(p.node.cpu * p.nodes for p in cluster.pools)
-    own_gpu = sum(p.node.gpu * p.nodes for p in cluster.pools)
+    own_cpu = sum(p.node.cpu * p.nodes for p in pools)
+    own_gpu = sum(p.node.gpu * p.nodes for p in pools)
 
     def effective(limit: float | None, used: float, own: float,
                   registered: float | None) -> float | None:
@@ -252,21 +252,6 @@ def quota_of(cluster: Cluster, member: Member, inputs: MergeInputs,
     return (effective(reading.vcpu_limit, reading.vcpu_used, own_cpu, cluster.quota_vcpu),
             effective(reading.gpu_limit, reading.gpu_used, own_gpu, cluster.quota_gpu),
             stale, replace(prov, stale=stale))
-
-
-def _with_usage(pools: tuple[Pool, ...], reading: UsageReading | None
-                ) -> tuple[Pool, ...]:
-    if reading is None:
-        return pools
-    out = []
-    for p in pools:
-        m = reading.pools.get(p.name)
-        if m is None:
-            out.append(p)
-            continue
-        out.append(replace(p, used=Resources(max(p.used.cpu, m.cpu),
-                                             max(p.used.memory_gib, m.memory_gib), p.used.gpu)))
-    return tuple(out)
 
 
 def _health(member: Member, inputs: MergeInputs, settings: MergeSettings
@@ -284,28 +269,45 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) 
     c = member.cluster
     now = inputs.now_s
     prov: dict[str, Provenance] = {}
-    pools = c.pools
     inv = inputs.inventory.get(c.name)
+    by_pool: dict[str, list[ObservedNode]] = {}
     if inv is not None:
-        pools, _stray = observed_pools(pools, inv, now)
+        by_pool, _stray = nodes_by_pool(c.pools, inv)
         prov["observed"] = _prov("inventory", now, inv.observed_s, settings.inventory_max_age_s)
     usage = inputs.usage.get(c.name)
     if usage is not None:
-        pools = _with_usage(pools, usage)
         prov["telemetry"] = _prov("telemetry", now, usage.read_s, settings.telemetry_max_age_s)
-    priced = [price_pool(p, member, inputs, settings) for p in pools]
-    pools = tuple(replace(p, demand_cpu_per_s=d[0], demand_gpu_per_s=d[1])
-                  if (d := inputs.demand.get((c.name, p.name))) else p for p, _ in priced)
-    prov["pricing"] = _worst([pp for p, pp in priced if p.pricing is not PricingModel.EDGE],
-                             Provenance("registration", _age(now, member.registered_s)))
-    merged = replace(c, pools=pools)
-    vcpu, gpu, stale, prov["quota"] = quota_of(merged, member, inputs, settings)
+    out: list[Pool] = []
+    priced: list[Provenance] = []
+    for p in c.pools:  # every reading about the pool, then one copy of it at most
+        changes: dict[str, object] = {}
+        if inv is not None:
+            changes = observed_fields(p, by_pool[p.name], reclaims=inv.reclaims.get(p.name, 0),
+                                      since_s=inv.since_s, now_s=now)
+        if usage is not None and (m := usage.pools.get(p.name)) is not None:
+            used = changes.get("used", p.used)
+            assert isinstance(used, Resources)
+            changes["used"] = Resources(max(used.cpu, m.cpu),
+                                        max(used.memory_gib, m.memory_gib), used.gpu)
+        price, pp = price_of(p, member, inputs, settings)
+        if p.pricing is not PricingModel.EDGE:
+            priced.append(pp)
+        if price != p.price_usd_per_hour:
+            changes["price_usd_per_hour"] = price
+        if d := inputs.demand.get((c.name, p.name)):
+            changes["demand_cpu_per_s"], changes["demand_gpu_per_s"] = d
+        if n := inputs.replicas.get((c.name, p.name)):
+            changes["replicas_placed"], changes["replicas_starting"] = n
+        out.append(replace(p, **changes) if changes else p)  # type: ignore[arg-type]
+    pools = tuple(out)
+    prov["pricing"] = _worst(priced, Provenance("registration", _age(now, member.registered_s)))
+    vcpu, gpu, stale, prov["quota"] = quota_of(c, pools, member, inputs, settings)
     healthy, prov["health"] = _health(member, inputs, settings)
     rtt_ages = [_age(now, r.measured_s) for r in inputs.rtts if r.site == c.name]
     if rtt_ages:
         prov["rtt"] = Provenance("agent", min(rtt_ages),
                                  stale=min(rtt_ages) > settings.rtt_max_age_s)
-    return replace(merged, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
+    return replace(c, pools=pools, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
                    healthy=healthy, provenance=prov,
                    allowed_tenants=None if member.operator else frozenset({member.tenant}))
 
@@ -349,11 +351,6 @@ def merge(inputs: MergeInputs, settings: MergeSettings | None = None) -> Federat
     settings = settings or MergeSettings()
     members = members_of(inputs)
     clusters = [merge_cluster(m, inputs, settings) for m in members]
-    counts = inputs.replicas
-    if counts:
-        clusters = [replace(c, pools=tuple(
-            replace(p, replicas_placed=n[0], replicas_starting=n[1])
-            if (n := counts.get((c.name, p.name))) else p for p in c.pools)) for c in clusters]
     committed = with_commitments(clusters, inputs.running, inputs.workloads)
     sites = {c.name for c in committed if c.is_edge}
     users, peers = measured_rtts(inputs, settings, sites)

@@ -81,21 +81,25 @@ def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode,
     order = sorted(range(len(p.node_list)), key=lambda i: (
         p.node_list[i].idle_since is not None, p.node_list[i].ready_at, i))
     cpu, mem = p.used_cpu, p.used_mem
+    cap_cpu, cap_mem = p.node.cpu, p.node.memory_gib
     share: dict[int, tuple[float, float]] = {}
+    last = len(order) - 1
     for k, i in enumerate(order):
-        last = k == len(order) - 1
-        take_cpu = cpu if last else min(cpu, p.node.cpu)
-        take_mem = mem if last else min(mem, p.node.memory_gib)
-        share[i] = (max(0.0, take_cpu), max(0.0, take_mem))
+        if cpu <= 0.0 and mem <= 0.0:
+            break  # the rest are empty
+        take_cpu = cpu if k == last or cpu < cap_cpu else cap_cpu
+        take_mem = mem if k == last or mem < cap_mem else cap_mem
+        share[i] = (take_cpu if take_cpu > 0.0 else 0.0, take_mem if take_mem > 0.0 else 0.0)
         cpu, mem = cpu - take_cpu, mem - take_mem
     out = []
+    gpus, itype, prefix = p.node.gpu, p.spec.instance_type, f"{c.name}/{p.name}/"
     for i, n in enumerate(p.node_list):
         up = n.ready_at <= now
         used_cpu, used_mem = share.get(i, (0.0, 0.0))
         out.append(ObservedNode(
-            name=f"{c.name}/{p.name}/{i}", pool=p.name, allocatable=p.node,
-            allocated=Resources(used_cpu, used_mem, p.node.gpu - n.gpu_free),
-            instance_type=p.spec.instance_type, ready=up, ever_ready=up,
+            name=prefix + str(i), pool=p.name, allocatable=p.node,
+            allocated=Resources(used_cpu, used_mem, gpus - n.gpu_free),
+            instance_type=itype, ready=up, ever_ready=up,
             idle_since_s=n.idle_since, prewarmed=n.prewarmed))
     return tuple(out)
 
