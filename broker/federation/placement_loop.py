@@ -127,7 +127,8 @@ class PlacementLoop(PollingLoop):
     async def snapshot(self) -> FederationSnapshot | None:
         """Every sensor, merged (federation/snapshot.py); None if nothing is pending."""
         return await self.reader.pending_snapshot(self._store,
-                                                  batch_max=self._settings.batch_max)
+                                                  batch_max=self._settings.batch_max,
+                                                  quarantine=self.quarantine)
 
     async def tick(self) -> EpochPlan | None:
         """One epoch: snapshot, solve off the loop, write everything in one transaction."""

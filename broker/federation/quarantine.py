@@ -15,7 +15,7 @@ still-bad cluster is reported once more.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from broker.domain import Cluster
 from broker.errors import NotFoundError
@@ -35,14 +35,22 @@ class Quarantine:
 
     async def screen(self, uow: UnitOfWork, clusters: Sequence[Cluster]) -> list[Cluster]:
         good, bad = partition(clusters)
+        await self.record(uow, bad)
+        return good
+
+    def changed(self, bad: Mapping[str, str]) -> bool:
+        """Whether `record` would write anything for `bad` (so callers can skip a unit)."""
+        return dict(bad) != self.reasons
+
+    async def record(self, uow: UnitOfWork, bad: Mapping[str, str]) -> None:
+        """Events for clusters newly left out (or left out for a new reason) and released."""
         for name, reason in bad.items():
             if self.reasons.get(name) != reason:
                 log.warning("placement leaves out cluster %s: %s", name, reason)
                 await self._event(uow, "cluster.quarantined", name, {"reason": reason})
         for name in self.reasons.keys() - bad.keys():
             await self._event(uow, "cluster.released", name, {})
-        self.reasons = bad
-        return good
+        self.reasons = dict(bad)
 
     @staticmethod
     async def _event(uow: UnitOfWork, kind: str, name: str, data: dict[str, str]) -> None:

@@ -38,6 +38,7 @@ from broker.domain import (
     Workload,
     WorkloadStatus,
 )
+from broker.federation.quarantine import Quarantine
 from broker.placement.network import NetworkCatalog, batch_maps, cluster_pairs
 from broker.placement.observed import Inventory, decayed, pool_of
 from broker.placement.snapshot import (
@@ -53,6 +54,7 @@ from broker.placement.snapshot import (
     members_of,
     merge,
     merge_cluster,
+    merge_screened,
     replica_counts,
 )
 from broker.settings import PlacementSettings, SnapshotSettings
@@ -274,15 +276,21 @@ class SnapshotReader:
     def snapshot(self, r: Readings) -> FederationSnapshot:
         return merge(self.inputs(r), self.merge_settings)
 
-    async def pending_snapshot(self, store: Store, *, batch_max: int
+    async def pending_snapshot(self, store: Store, *, batch_max: int,
+                               quarantine: Quarantine | None = None
                                ) -> FederationSnapshot | None:
-        """The placement loop's epoch: None when nothing is pending."""
+        """The placement loop's epoch: None when nothing is pending. Clusters the merge
+        leaves out as absurd are reported through `quarantine` (events, once each)."""
         async with store.unit() as uow:
             pending = await uow.workloads.list_pending(limit=batch_max)
             if not pending:
                 return None
             r = await read(uow, pending=pending)
-        return self.snapshot(r)
+        snap, bad = merge_screened(self.inputs(r), self.merge_settings)
+        if quarantine is not None and quarantine.changed(bad):
+            async with store.unit() as uow:
+                await quarantine.record(uow, bad)
+        return snap
 
     async def whatif_snapshot(self, store: Store, placement_id: str, *, tenant: str | None
                               ) -> tuple[FederationSnapshot, Any]:

@@ -58,6 +58,7 @@ from broker.domain import (
 )
 from broker.placement.commitments import with_commitments
 from broker.placement.observed import Inventory, ObservedNode, nodes_by_pool, observed_fields
+from broker.placement.sanity import partition
 from providers.base import Offer
 
 Pair = tuple[str, str]
@@ -348,10 +349,21 @@ def measured_rtts(inputs: MergeInputs, settings: MergeSettings,
 
 def merge(inputs: MergeInputs, settings: MergeSettings | None = None) -> FederationSnapshot:
     """The snapshot the planner and the policy see (see the module docstring)."""
+    return merge_screened(inputs, settings)[0]
+
+
+def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
+                   ) -> tuple[FederationSnapshot, dict[str, str]]:
+    """The snapshot, and the clusters left out of it because a merged number is absurd
+    (placement/sanity.py: not finite, or out of the API's ranges), with why.
+
+    Whatever sensor brought the number (a stored row, a driver's inventory, sync), that
+    cluster is its own problem: it is left out and every other one is planned.
+    """
     settings = settings or MergeSettings()
     members = members_of(inputs)
-    clusters = [merge_cluster(m, inputs, settings) for m in members]
-    committed = with_commitments(clusters, inputs.running, inputs.workloads)
+    merged, bad = partition(merge_cluster(m, inputs, settings) for m in members)
+    committed = with_commitments(merged, inputs.running, inputs.workloads)
     sites = {c.name for c in committed if c.is_edge}
     users, peers = measured_rtts(inputs, settings, sites)
     return FederationSnapshot(
@@ -359,4 +371,4 @@ def merge(inputs: MergeInputs, settings: MergeSettings | None = None) -> Federat
         running=inputs.running, user_regions=inputs.user_regions,
         rtt_ms={**inputs.user_rtt_ms, **inputs.cluster_rtt_ms, **users, **peers},
         tenants=inputs.tenants, egress_usd_per_gb=dict(inputs.egress_usd_per_gb),
-        bandwidth_gbps=dict(inputs.bandwidth_gbps))
+        bandwidth_gbps=dict(inputs.bandwidth_gbps)), bad
