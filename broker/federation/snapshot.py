@@ -39,6 +39,7 @@ from broker.domain import (
     WorkloadStatus,
 )
 from broker.federation.quarantine import Quarantine
+from broker.placement.commitments import committed_usage
 from broker.placement.network import NetworkCatalog, batch_maps, cluster_pairs
 from broker.placement.observed import Inventory, decayed, pool_of
 from broker.placement.snapshot import (
@@ -301,7 +302,9 @@ class SnapshotReader:
             workload = replace(wrec.workload, status=WorkloadStatus.PENDING)
             r = await read(uow, pending=[workload])
         others = tuple(p for p in r.running if p.workload_id != workload.id)
-        return self.snapshot(replace(r, running=others)), rec
+        released, _ = committed_usage([rec.placement], {workload.id: workload})
+        inputs = replace(self.inputs(replace(r, running=others)), released=released)
+        return merge(inputs, self.merge_settings), rec
 
     async def cluster(self, store: Store, name: str, *, tenant: str | None
                       ) -> tuple[Cluster, Readings, ClusterRecord | SiteRecord]:

@@ -158,6 +158,9 @@ class MergeInputs:
     # (placed, not running yet) replicas per (cluster, pool): `replica_counts` live.
     replicas: Mapping[Pair, tuple[int, int]] = field(default_factory=dict)
     demand: Mapping[Pair, tuple[float, float]] = field(default_factory=dict)  # cpu, gpu / s
+    # Requests to take off the observed usage per (cluster, pool): a what-if asks about a
+    # running workload as if it were not there yet (its own replicas are in the inventory).
+    released: Mapping[Pair, Resources] = field(default_factory=dict)
     tenants: tuple[Tenant, ...] = ()
     user_regions: tuple[UserRegion, ...] = ()
     user_rtt_ms: Mapping[Pair, float] = field(default_factory=dict)  # catalog: user -> region
@@ -290,6 +293,12 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) 
             assert isinstance(used, Resources)
             changes["used"] = Resources(max(used.cpu, m.cpu),
                                         max(used.memory_gib, m.memory_gib), used.gpu)
+        if (off := inputs.released.get((c.name, p.name))) is not None:
+            seen = changes.get("used")
+            used = seen if isinstance(seen, Resources) else p.used
+            changes["used"] = Resources(max(0.0, used.cpu - off.cpu),
+                                        max(0.0, used.memory_gib - off.memory_gib),
+                                        max(0, used.gpu - off.gpu))
         price, pp = price_of(p, member, inputs, settings)
         if p.pricing is not PricingModel.EDGE:
             priced.append(pp)

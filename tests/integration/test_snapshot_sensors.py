@@ -278,3 +278,37 @@ async def test_kmock_inventory_of_a_full_pool_keeps_work_off_it(store: Store) ->
             assert kpool.used.cpu == pytest.approx(15.0)  # set_pool_usage from the poll
         finally:
             await asyncio.to_thread(api.close)
+
+
+# ---- what-if on the observed state -------------------------------------------------------
+async def test_whatif_asks_about_the_workload_as_if_it_were_not_there(store: Store) -> None:
+    """Its own replicas are in the observed inventory; the free re-solve must not be kept
+    off its own nodes by them (or 'now' would name another cluster than where it runs)."""
+    from broker.federation.dispatcher import Dispatcher
+    from broker.federation.placement_loop import whatif_for_placement
+
+    clock = SystemClock()
+    cheap = SimulatedClusterDriver("cheap", [SimPool("cpu", 1, 8, 32)], clock=clock.now)
+    dear = SimulatedClusterDriver("dear", [SimPool("cpu", 1, 8, 32)], clock=clock.now)
+    async with store.unit() as uow:
+        for name, price in (("cheap", 0.2), ("dear", 0.6)):
+            await uow.clusters.upsert(cluster(name, "aws", "us-east-1", pool(
+                "cpu", "m5.2xlarge", Resources(8, 32, 0), price, nodes=1, max_nodes=1)),
+                tenant="admin")
+        await uow.tenants.ensure("acme")
+    wid = await submit(store, batch("job", replicas=1, cpu=7))
+    plan = await loop(store).tick()
+    assert plan is not None
+    assert clusters_of(plan, wid) == {"cheap"}
+    await Dispatcher(store, {"cheap": cheap, "dear": dear}, clock).dispatch_once()
+    await InventoryPoller(store, {"cheap": cheap, "dear": dear}, clock).poll_once()
+    async with store.unit() as uow:
+        rec = await uow.inventory.get("cheap")
+        pid = (await uow.workloads.get(wid)).placement_id
+    assert rec is not None
+    assert sum(n.allocated.cpu for n in rec.nodes) == 7.0  # it runs there, observed
+    assert pid is not None
+    out = await whatif_for_placement(store, SETTINGS, pid, "dear", tenant=None,
+                                     reader=SnapshotReader(SnapshotSettings(), SETTINGS))
+    assert out["before"]["clusters"] == ["cheap"]  # type: ignore[index]
+    assert out["after"]["clusters"] == ["dear"]  # type: ignore[index]
