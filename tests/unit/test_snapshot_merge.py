@@ -347,3 +347,10 @@ def test_booting_until_first_ready_and_reclaims_counted_for_spot_pools() -> None
     assert reclaims == {"spot": 1}
     _, not_spot = next_nodes(tainted, [], 5.0, frozenset())
     assert not_spot == {}
+
+
+def test_released_requests_come_off_the_observed_usage() -> None:
+    inv = Inventory(observed_s=NOW, nodes=(node("a", cpu_used=6.0), node("b", cpu_used=1.0)))
+    c = one(MergeInputs(now_s=NOW, members=(member(cluster("c")),), inventory={"c": inv},
+                        released={("c", "m5"): Resources(6.0, 4.0, 0)}))
+    assert c.pools[0].used == Resources(1.0, 4.0, 0)
