@@ -77,6 +77,9 @@ class MergeSettings:
     rtt_max_age_s: float = 60.0
     hub_max_age_s: float = 60.0
     stale_quota_margin: float = 0.5
+    # Leave out clusters with absurd numbers (placement/sanity.py). Off only where every
+    # input was validated on the way in (the twin's scenarios, sim/scenario.py).
+    screen: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +374,8 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
     """
     settings = settings or MergeSettings()
     members = members_of(inputs)
-    merged, bad = partition(merge_cluster(m, inputs, settings) for m in members)
+    clusters = [merge_cluster(m, inputs, settings) for m in members]
+    merged, bad = partition(clusters) if settings.screen else (clusters, {})
     committed = with_commitments(merged, inputs.running, inputs.workloads)
     sites = {c.name for c in committed if c.is_edge}
     users, peers = measured_rtts(inputs, settings, sites)

@@ -39,10 +39,11 @@ if TYPE_CHECKING:
     from broker.sim.scenario import Scenario
 
 Pair = tuple[str, str]
-# The twin's readings are exact and current: nothing in it is ever stale.
+# The twin's readings are exact and current: nothing in it is ever stale; its numbers were
+# validated when the scenario was parsed (sim/scenario.py), so no screen is needed per epoch.
 TWIN_MERGE = MergeSettings(inventory_max_age_s=float("inf"), sync_max_age_s=float("inf"),
                            telemetry_max_age_s=float("inf"), rtt_max_age_s=float("inf"),
-                           hub_max_age_s=float("inf"))
+                           hub_max_age_s=float("inf"), screen=False)
 
 
 def pending_workload(ws: WorkloadState) -> Workload:
