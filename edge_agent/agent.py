@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.journal import Journal
-from edge_agent.probe import LoadSampler, parse_target, probe_all
+from edge_agent.probe import LoadSampler, probe_all
 from edge_agent.protocol import (
     COUNT_MAX,
     DEFAULT_PREFIX,
@@ -104,8 +104,6 @@ class _Stats:
 class EdgeAgent:
     def __init__(self, config: AgentConfig) -> None:
         Topics.check_name(config.site)
-        for target in (*config.peers, *config.probes):
-            parse_target(target)  # a bad probe fails at start, naming itself
         self.config = config
         self.site = config.site
         self.topics = Topics(config.prefix)

@@ -53,10 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(ns: argparse.Namespace) -> Any:
     from edge_agent.agent import AgentConfig
+    from edge_agent.probe import parse_target
 
     url = urlsplit(ns.broker if "://" in ns.broker else f"mqtt://{ns.broker}")
     if url.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
         raise SystemExit(f"--broker: unsupported scheme {url.scheme!r} (use mqtt:// or mqtts://)")
+    for target in (*ns.peer, *ns.probe):  # a bad probe fails at start, naming itself
+        try:
+            parse_target(target)
+        except ValueError as exc:
+            raise SystemExit(f"--peer/--probe: {exc}") from exc
     tls = ns.tls or url.scheme in ("mqtts", "ssl")
     port = url.port or (8883 if tls else 1883)
     password = ns.password or os.environ.get("SKYFED_EDGE_PASSWORD") or url.password

@@ -354,3 +354,14 @@ def test_released_requests_come_off_the_observed_usage() -> None:
     c = one(MergeInputs(now_s=NOW, members=(member(cluster("c")),), inventory={"c": inv},
                         released={("c", "m5"): Resources(6.0, 4.0, 0)}))
     assert c.pools[0].used == Resources(1.0, 4.0, 0)
+
+
+def test_probe_targets_name_their_rtt_and_bad_ones_fail_at_start() -> None:
+    from edge_agent.cli import build_parser, config_from_args
+    from edge_agent.probe import parse_target
+
+    assert parse_target("munich-users=10.0.0.5:443") == ("munich-users", "10.0.0.5", 443)
+    assert parse_target("10.0.0.5:443") == ("10.0.0.5:443", "10.0.0.5", 443)
+    ns = build_parser().parse_args(["--site", "s1", "--probe", "users=10.0.0.5:x"])
+    with pytest.raises(SystemExit, match="bad port"):
+        config_from_args(ns)
