@@ -36,6 +36,7 @@ from broker.placement.observe import observe
 from broker.placement.policy import BATCH_FEATURES, NODE_FEATURES
 from broker.settings import PlacementSettings, SnapshotSettings
 from broker.sim.engine import Engine, SimConfig
+from broker.sim.realize import TwinNoise
 from broker.sim.scenario import parse_scenario, parse_trace
 from broker.sim.snapshot import observed_nodes, registered
 from broker.sim.state import SimCluster
@@ -93,8 +94,10 @@ def twin(catalog: Catalog) -> Engine:
     probe = parse_scenario(DOC, catalog, events=())
     events = parse_trace(HEADER + TRACE, user_regions={u.name for u in probe.user_regions},
                          clusters=probe.clusters)
+    # No arrival jitter: the last rows must arrive exactly at the horizon, after the last epoch.
     eng = Engine(parse_scenario(DOC, catalog, events=events), catalog,
-                 SimConfig(policy="lp", check_invariants=True))
+                 SimConfig(policy="lp", check_invariants=True,
+                           noise=TwinNoise.off()))
     eng.run()
     # Faults the run did not happen to contain: spot reclaims seen, a cluster down now.
     eng.clusters["aws-use1"].pools[2].reclaims = 3
