@@ -175,11 +175,20 @@ async def test_a_measured_rtt_over_the_slo_keeps_work_off_the_site(
     async with aiomqtt.Client(*mqtt_addr, identifier=f"agent-e-b-{uuid.uuid4().hex[:6]}") as c:
         await c.publish(topics.status("e-b"), encode(Status(site="e-b", state="online")),
                         qos=1, retain=True)
-        for seq in range(3):
-            await c.publish(topics.heartbeat("e-b"), encode(Heartbeat(
-                site="e-b", seq=seq, peer_rtt_ms={PROBE: 80.0})), qos=0)
-            await asyncio.sleep(0.05)
-    assert await measured(store, "e-b", PROBE) == 80.0
+
+        async def beat() -> None:  # as an agent does, until the hub (which hears only
+            for seq in range(300):  # sites it loaded from the store) has stored one
+                await c.publish(topics.heartbeat("e-b"), encode(Heartbeat(
+                    site="e-b", seq=seq, peer_rtt_ms={PROBE: 80.0})), qos=0)
+                await asyncio.sleep(0.05)
+
+        beats = asyncio.create_task(beat())
+        try:
+            assert await measured(store, "e-b", PROBE) == 80.0
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
     snap = await SnapshotReader(SnapshotSettings(), SETTINGS).pending_snapshot(
         store, batch_max=10)
     assert snap is not None
