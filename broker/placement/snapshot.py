@@ -32,7 +32,9 @@ Precedence, per value (the newest reading wins over the registration; docs/snaps
   regions, (site, peer site) for the cluster graph.
 
 Anything read longer ago than its freshness limit is still used (the last reading is the
-best knowledge) but marked `stale` in its provenance, so explain and the API show it.
+best knowledge) but marked `stale` in its provenance, so explain and the API show it; an RTT
+measurement is the exception (past `rtt_max_age_s` the estimate is used again). After the
+merge, a cluster with an absurd number (placement/sanity.py) is left out (`merge_screened`).
 """
 
 from __future__ import annotations
