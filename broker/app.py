@@ -72,6 +72,7 @@ def build_loops(rt: Runtime) -> list[Loop]:
     Imported here, not at module import, so `skyfed --help` stays fast and an import
     error names the loop's module.
     """
+    from broker.federation.actuator import make_actuator
     from broker.federation.dispatcher import make_dispatcher
     from broker.federation.drivers import make_driver_refresh
     from broker.federation.edge_hub import make_edge_hub
@@ -86,6 +87,7 @@ def build_loops(rt: Runtime) -> list[Loop]:
     rt.inventory = make_inventory_poller(rt)
     rt.placement_loop = make_placement_loop(rt)
     rt.dispatcher = make_dispatcher(rt)
+    rt.actuator = make_actuator(rt)
     rt.reconciler = make_reconciler(rt)
     rt.driver_refresh = make_driver_refresh(rt)
     rt.edge_hub = make_edge_hub(rt)

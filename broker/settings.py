@@ -81,6 +81,9 @@ class PlacementSettings(BaseModel):
     solver: Literal["highs", "pulp-cbc", "pulp-glpk", "pulp-highs", "pulp-gurobi",
                     "pulp-cplex"] = "highs"
     epoch_s: float = Field(default=2.0, gt=0)
+    # A submission wakes the placement loop; it then waits this long for more to batch with
+    # it (the LP places a batch jointly) before it solves. 0: solve at once.
+    batch_window_s: float = Field(default=0.05, ge=0, le=60)
     batch_max: int = Field(default=500, ge=1)
     k_candidates: int = Field(default=8, ge=1)
     mip_gap: float = Field(default=0.01, ge=0, le=1)
@@ -96,6 +99,26 @@ class PlacementSettings(BaseModel):
     # Named user regions (`[[placement.user_regions]]`); besides these a workload's
     # userRegion may be a catalog region (`aws:eu-central-1`) or an edge site's name.
     user_regions: list[UserRegionSettings] = Field(default_factory=list)
+
+
+class ReconcilerSettings(BaseModel):
+    """How the reconciler watches the member clusters (broker/federation/reconciler.py)."""
+
+    poll_s: float = Field(default=2.0, gt=0)  # full pass over every driver
+    down_after: int = Field(default=3, ge=1)  # failed passes in a row -> unhealthy
+    stuck_after_s: float = Field(default=300.0, gt=0)  # not-ready replicas -> re-placed
+
+
+class ActuatorSettings(BaseModel):
+    """How the actuator carries out scale, prewarm and migration decisions."""
+
+    poll_s: float = Field(default=1.0, gt=0)  # re-check ordered nodes, prewarms, migrations
+    retries: int = Field(default=3, ge=1)  # tenacity attempts per call, within one pass
+    backoff_s: float = Field(default=0.5, gt=0)  # first wait between passes that failed
+    max_attempts: int = Field(default=8, ge=1)  # failed passes before a decision fails
+    order_timeout_s: float = Field(default=900.0, gt=0)  # ordered nodes must join by then
+    ready_timeout_s: float = Field(default=600.0, gt=0)  # a migration target must be ready
+    prewarm_timeout_s: float = Field(default=1800.0, gt=0)
 
 
 class PolicySettings(BaseModel):
@@ -160,6 +183,8 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     placement: PlacementSettings = Field(default_factory=PlacementSettings)
+    actuator: ActuatorSettings = Field(default_factory=ActuatorSettings)
+    reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     sync: SyncSettings = Field(default_factory=SyncSettings)

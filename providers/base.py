@@ -169,6 +169,7 @@ class Capability(enum.StrEnum):
     WATCH = "watch"
     METRICS = "metrics"
     GPU_TOPOLOGY = "gpu_topology"
+    PREWARM = "prewarm"  # a ClusterDriver that pre-pulls images / copies data (PrewarmingDriver)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,31 @@ class ApplySpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     command: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmData:
+    """One data set to copy near a pool before a workload reads it."""
+
+    url: str
+    sha256: str = ""
+    size_gb: float = 0.0
+    name: str = ""  # file name in the cache; default: the sha256 (or the url's last part)
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmSpec:
+    """Images to pre-pull and data to copy onto one pool's nodes before they are needed.
+
+    `key` is the idempotency key: prewarming the same key twice is the same as once, and
+    `prewarm_done(key=)` reports on it. `labels` go on whatever the driver creates.
+    """
+
+    key: str
+    pool: str
+    images: tuple[str, ...] = ()
+    data: tuple[PrewarmData, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -231,3 +257,26 @@ class ClusterDriver(Protocol):
     async def list_status(self) -> list[DriverStatus]: ...
 
     async def inventory(self) -> list[NodeInventory]: ...
+
+
+@runtime_checkable
+class PoolScalingDriver(Protocol):
+    """A ClusterDriver that grows and shrinks its own pools (`Capability.SCALE_POOL`).
+
+    `scale_pool` sets a pool's node count (ordered nodes included: they join the inventory
+    once booted) and returns that count; shrinking removes empty nodes only.
+    `remove_nodes` removes these nodes (empty ones only) and returns the pool's count.
+    """
+
+    async def scale_pool(self, *, pool: str, nodes: int) -> int: ...
+
+    async def remove_nodes(self, *, pool: str, nodes: Sequence[str]) -> int: ...
+
+
+@runtime_checkable
+class PrewarmingDriver(Protocol):
+    """A ClusterDriver that pre-pulls images and copies data (`Capability.PREWARM`)."""
+
+    async def prewarm(self, *, spec: PrewarmSpec) -> None: ...
+
+    async def prewarm_done(self, *, key: str) -> bool: ...

@@ -15,7 +15,7 @@ on that site" path the dispatcher uses, with `workload_id` as the service name
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from providers.base import (
@@ -23,6 +23,7 @@ from providers.base import (
     Capability,
     DriverStatus,
     NodeInventory,
+    PrewarmSpec,
     WorkloadPhase,
 )
 from providers.errors import NotFoundError, ProviderError, TransientError
@@ -43,9 +44,12 @@ class EdgeTransport(Protocol):
 
     async def send_command(self, *, site: str, kind: str,
                            service: Mapping[str, Any] | None = None, service_name: str = "",
-                           standby: bool = False, timeout_s: float = 5.0) -> Mapping[str, Any]:
+                           standby: bool = False, timeout_s: float = 5.0,
+                           data: Sequence[Mapping[str, Any]] = (),
+                           images: Sequence[str] = ()) -> Mapping[str, Any]:
         """Send one command and return the agent's ack fields (`ok`, `message`, ...).
 
+        `data` (url, sha256, size_bytes, name) and `images` are a prewarm's.
         Raises TimeoutError when no ack arrives in `timeout_s`."""
         ...
 
@@ -57,7 +61,7 @@ class EdgeTransport(Protocol):
 class EdgeSiteDriver:
     """One edge site as a ClusterDriver (`name` is the site name)."""
 
-    capabilities: frozenset[Capability] = frozenset()
+    capabilities: frozenset[Capability] = frozenset({Capability.PREWARM})
 
     def __init__(self, *, site: str, transport: EdgeTransport, cpu: float, memory_gib: float,
                  gpu: int = 0, command_timeout_s: float = 5.0) -> None:
@@ -66,6 +70,7 @@ class EdgeSiteDriver:
         self._cpu, self._mem, self._gpu = cpu, memory_gib, gpu
         self._timeout_s = command_timeout_s
         self._applied: dict[str, ApplySpec] = {}
+        self._prewarmed: set[str] = set()
 
     async def apply(self, *, spec: ApplySpec) -> None:
         service = {"name": spec.workload_id, "command": list(spec.command),
@@ -75,6 +80,29 @@ class EdgeSiteDriver:
             raise ProviderError(f"site refused {spec.workload_id!r}: {ack.get('message', '')}",
                                 provider="edge", region=self.name)
         self._applied[spec.workload_id] = spec
+
+    async def prewarm(self, *, spec: PrewarmSpec) -> None:
+        """The agent's prewarm command: it downloads (sha256-checked) and pulls in the
+        background. Data without a sha256 cannot be verified by the agent and is refused."""
+        unverifiable = [d.url for d in spec.data if not d.sha256]
+        if unverifiable:
+            raise ProviderError(f"edge prewarm needs a sha256 for every data set "
+                                f"({', '.join(unverifiable)})", provider="edge",
+                                region=self.name)
+        data = [{"url": d.url, "sha256": d.sha256, "name": d.name,
+                 "size_bytes": int(d.size_gb * 1e9) or None} for d in spec.data]
+        ack = await self._send("prewarm", data=data, images=list(spec.images))
+        if not ack.get("ok"):
+            raise ProviderError(f"site refused prewarm {spec.key!r}: {ack.get('message', '')}",
+                                provider="edge", region=self.name)
+        self._prewarmed.add(spec.key)
+
+    async def prewarm_done(self, *, key: str) -> bool:
+        """True once the agent accepted the prewarm (it then runs on the site by itself and
+        reports progress as `prewarm_progress` telemetry)."""
+        if key not in self._prewarmed:
+            raise NotFoundError(f"no prewarm {key!r}", provider="edge", region=self.name)
+        return True
 
     async def delete(self, *, workload_id: str) -> None:
         await self._send("stop", service_name=workload_id)

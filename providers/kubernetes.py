@@ -34,11 +34,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from providers import kubernetes_prewarm as kp
 from providers.base import (
     ApplySpec,
     Capability,
     DriverStatus,
     NodeInventory,
+    PrewarmSpec,
 )
 from providers.errors import (
     AuthError,
@@ -130,7 +132,8 @@ def load_api_client(options: KubernetesOptions) -> Any:
 class KubernetesDriver:
     """ClusterDriver for one member cluster (see module docstring)."""
 
-    capabilities = frozenset({Capability.WATCH, Capability.GPU_TOPOLOGY, Capability.METRICS})
+    capabilities = frozenset({Capability.WATCH, Capability.GPU_TOPOLOGY, Capability.METRICS,
+                              Capability.PREWARM})
 
     def __init__(self, name: str, options: KubernetesOptions | None = None, *,
                  api_client: Any | None = None) -> None:
@@ -212,6 +215,35 @@ class KubernetesDriver:
         name, ns = dns_name(workload_id), self.options.namespace
         await self._delete_one(self._apps.delete_namespaced_deployment, name, ns)
         await self._delete_one(self._batch.delete_namespaced_job, name, ns)
+
+    # ---- prewarm (kubernetes_prewarm.py) -------------------------------------------------
+    async def prewarm(self, *, spec: PrewarmSpec) -> None:
+        """Server-side apply the pre-pull DaemonSet and data-copy Jobs of `spec` (idempotent)."""
+        for body in kp.render_all(spec, namespace=self.options.namespace):
+            name, ns = body["metadata"]["name"], self.options.namespace
+            fn = (self._apps.patch_namespaced_daemon_set if body["kind"] == "DaemonSet"
+                  else self._batch.patch_namespaced_job)
+            await self._call(fn, name, ns, body, field_manager=kp.FIELD_MANAGER, force=True,
+                             _content_type=kp.APPLY_CONTENT_TYPE)
+
+    async def prewarm_done(self, *, key: str) -> bool:
+        """True when the key's DaemonSet pods are all ready and its copy Jobs succeeded."""
+        ns, sel = self.options.namespace, f"{kp.PREWARM_LABEL}={kp.key_label(key)}"
+        found = False
+        for lister, check in ((self._apps.list_namespaced_daemon_set, kp.daemonset_ready),
+                              (self._batch.list_namespaced_job, kp.job_succeeded)):
+            items = self._sanitize(await self._call(lister, ns, label_selector=sel))
+            for obj in items.get("items") or []:
+                labels = (obj.get("metadata") or {}).get("labels") or {}
+                if labels.get(kp.PREWARM_LABEL) != kp.key_label(key):
+                    continue  # the selector may be ignored: re-check
+                found = True
+                if not check(obj):
+                    return False
+        if not found:
+            raise NotFoundError(f"no prewarm {key!r} in namespace {ns!r}",
+                                provider="kubernetes", region=self.name)
+        return True
 
     # ---- status ------------------------------------------------------------------------
     async def status(self, *, workload_id: str) -> DriverStatus:

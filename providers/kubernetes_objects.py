@@ -99,6 +99,10 @@ def render(spec: ApplySpec, *, namespace: str, backoff_limit: int = 3) -> dict[s
             "apiVersion": "apps/v1", "kind": "Deployment",
             "spec": {"replicas": spec.replicas, "selector": {"matchLabels": {ID_LABEL:
                                                                              labels[ID_LABEL]}},
+                     # A changed spec (a move to another pool) rolls out without ever
+                     # going below the desired ready replicas: new pods first.
+                     "strategy": {"type": "RollingUpdate",
+                                  "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "25%"}},
                      "template": template},
         }
     else:

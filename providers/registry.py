@@ -22,7 +22,8 @@ PROVIDERS: dict[str, tuple[str, str, str]] = {
     "aws": ("providers.aws", "AwsProvider", "AwsOptions"),
     "gcp": ("providers.gcp", "GcpProvider", "GcpOptions"),
     "azure": ("providers.azure", "AzureProvider", "AzureOptions"),
-    "simulated": ("providers.simulated", "SimulatedCloudProvider", "SimulatedCloudOptions"),
+    "simulated": ("providers.simulated_cloud", "SimulatedCloudProvider",
+                  "SimulatedCloudOptions"),
 }
 
 # name -> (module, driver class); their constructors take their own typed arguments

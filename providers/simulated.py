@@ -9,15 +9,25 @@ providers/kubernetes.py. Behaviour is deterministic for a given seed and clock:
   stay pending (like unschedulable pods). Applying the same spec again is a no-op; a changed spec
   under the same id releases and re-packs it (a patch).
 - A replica is running ``startup_s`` seconds (injected clock) after it was scheduled.
+- A changed replica count scales in place; any other change (e.g. another pool) rolls out
+  like a Deployment with
+  ``maxUnavailable: 0``: the running replicas of the old spec keep running, and count as ready,
+  until every replica of the new spec is ready.
 - Batch/train workloads run until ``finish()`` (the twin decides durations); services run forever.
 - Faults: ``FailureInjection`` rates raise ThrottledError/TransientError from a seeded RNG
   *before* any state changes (so a failed call never half-applies); ``set_down(True)`` makes every
   call fail like an unreachable API server; ``fail_node()`` evicts a node's replicas to pending.
+- Pools scale (``scale_pool``, ``Capability.SCALE_POOL``): ordered nodes boot for ``boot_s``
+  seconds (injected clock) before they join the inventory and take replicas, as cloud nodes
+  join a cluster minutes after they are ordered; only empty nodes are removed.
+- Node loss ahead of time: ``taint_node()`` (e.g. a spot interruption notice's
+  ``aws-node-termination-handler/spot-itn``) and ``cordon_node()`` keep new replicas off a node
+  and show in its inventory, while what runs there keeps running.
+- Prewarm (``Capability.PREWARM``): images and data recorded per pool; done after ``prewarm_s``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 import time
@@ -32,15 +42,12 @@ from providers.base import (
     NodeInventory,
     NodeTopology,
     Offer,
-    Quota,
-    Region,
+    PrewarmSpec,
     WorkloadPhase,
 )
-from providers.catalog import Catalog
 from providers.errors import (
     NotFoundError,
     ProviderError,
-    QuotaExceededError,
     ThrottledError,
     TransientError,
 )
@@ -94,6 +101,7 @@ class _Node:
     ready: bool = True
     unschedulable: bool = False
     taints: tuple[str, ...] = ()  # on this node only (the pool's apply to all)
+    booted_at: float = 0.0  # joins the cluster (inventory, scheduling) at this clock time
 
 
 @dataclass(slots=True)
@@ -108,12 +116,15 @@ class _Workload:
     replicas: list[_Replica]
     finished: WorkloadPhase | None = None
     message: str = ""
+    # The previous spec's replicas while a patch rolls out (released once the new are ready).
+    old: list[tuple[ApplySpec, _Replica]] = field(default_factory=list)
 
 
 class SimulatedClusterDriver:
     """ClusterDriver over in-memory pools (see module docstring)."""
 
-    capabilities = frozenset({Capability.GPU_TOPOLOGY, Capability.SCALE_POOL})
+    capabilities = frozenset({Capability.GPU_TOPOLOGY, Capability.SCALE_POOL,
+                              Capability.PREWARM})
 
     def __init__(
         self,
@@ -123,21 +134,27 @@ class SimulatedClusterDriver:
         seed: int = 0,
         clock: Clock = time.monotonic,
         startup_s: float = 0.0,
+        boot_s: float = 0.0,
+        prewarm_s: float = 0.0,
         failures: FailureInjection | None = None,
     ) -> None:
         self.name = name
         self._clock = clock
         self._rng = random.Random(seed)
         self.startup_s = startup_s
+        self.boot_s = boot_s
+        self.prewarm_s = prewarm_s
         self.failures = failures or FailureInjection()
         self._down = False
         self._pools: dict[str, SimPool] = {}
         self._nodes: dict[str, _Node] = {}
         self._workloads: dict[str, _Workload] = {}
+        self._booting = False
+        self.prewarms: dict[str, tuple[PrewarmSpec, float]] = {}  # key -> (spec, started at)
         self.calls: dict[str, int] = {"apply": 0, "delete": 0, "status": 0}
         for pool in pools:
             self._pools[pool.name] = pool
-            self._add_nodes(pool, pool.nodes)
+            self._add_nodes(pool, pool.nodes, booted_at=float("-inf"))
 
     # ---- fault control ------------------------------------------------------------------
     def set_down(self, down: bool) -> None:
@@ -152,11 +169,7 @@ class SimulatedClusterDriver:
         """Mark a node not ready and push its replicas back to pending."""
         n = self._node(node)
         n.ready = False
-        for w in self._workloads.values():
-            for r in w.replicas:
-                if r.node == node:
-                    self._release(w.spec, r)
-        self._reschedule()
+        self._evict(node)
 
     def recover_node(self, node: str) -> None:
         self._node(node).ready = True
@@ -172,6 +185,7 @@ class SimulatedClusterDriver:
         n.taints = (*n.taints, taint)
 
     def nodes_of(self, pool: str) -> list[str]:
+        """Names of a pool's nodes, ordered ones still booting included."""
         return sorted(n.name for n in self._nodes.values() if n.pool.name == pool)
 
     def finish(self, workload_id: str, *, failed: bool = False, message: str = "") -> None:
@@ -179,26 +193,74 @@ class SimulatedClusterDriver:
         w = self._get(workload_id)
         for r in w.replicas:
             self._release(w.spec, r)
+        self._drop_old(w)
         w.finished = WorkloadPhase.FAILED if failed else WorkloadPhase.SUCCEEDED
         w.message = message
         self._reschedule()
 
     def scale(self, *, pool: str, nodes: int) -> int:
-        """Grow or shrink a pool to `nodes` nodes (shrinking removes empty nodes only)."""
+        """Grow or shrink a pool to `nodes` nodes (new ones boot for `boot_s`; shrinking
+        removes empty nodes only, newest first); returns the pool's count, booting included."""
         p = self._pools.get(pool)
         if p is None:
             raise NotFoundError(f"unknown pool {pool!r} in cluster {self.name!r}")
-        mine = [n for n in self._nodes.values() if n.pool.name == pool]
+        if nodes < 0:
+            raise ValueError(f"nodes must be >= 0, got {nodes}")
+        mine = self._pool_nodes(pool)
         if nodes > len(mine):
-            self._add_nodes(p, nodes - len(mine), start=len(mine))
+            taken = {n.name for n in mine}
+            self._add_nodes(p, nodes - len(mine), start=0, taken=taken,
+                            booted_at=self._clock() + self.boot_s)
             self._reschedule()
         else:
             for n in reversed(mine):
-                if len([m for m in self._nodes.values() if m.pool.name == pool]) <= nodes:
+                if len(self._pool_nodes(pool)) <= nodes:
                     break
-                if n.used_cpu == 0 and n.used_gpu == 0 and n.used_memory_gib == 0:
+                if self._empty(n):
                     del self._nodes[n.name]
-        return len([n for n in self._nodes.values() if n.pool.name == pool])
+        return len(self._pool_nodes(pool))
+
+    def remove_node(self, node: str) -> None:
+        """The node disappears (the cloud reclaimed it): its replicas go back to pending."""
+        n = self._node(node)
+        self._evict(node)
+        del self._nodes[n.name]
+        self._reschedule()
+
+    def replicas_on(self, node: str) -> int:
+        """How many replicas run (are scheduled) on `node`, a rollout's old ones included."""
+        return sum(1 for w in self._workloads.values()
+                   for r in (*w.replicas, *(r for _, r in w.old)) if r.node == node)
+
+    # ---- PoolScalingDriver / PrewarmingDriver ---------------------------------------------
+    async def scale_pool(self, *, pool: str, nodes: int) -> int:
+        self._maybe_fail("scale", 0.0)
+        return self.scale(pool=pool, nodes=nodes)
+
+    async def remove_nodes(self, *, pool: str, nodes: Sequence[str]) -> int:
+        """Remove the named nodes of `pool` that are empty (others stay); returns the count."""
+        self._maybe_fail("scale", 0.0)
+        if pool not in self._pools:
+            raise NotFoundError(f"unknown pool {pool!r} in cluster {self.name!r}")
+        for name in nodes:
+            n = self._nodes.get(name)
+            if n is not None and n.pool.name == pool and self._empty(n):
+                del self._nodes[name]
+        return len(self._pool_nodes(pool))
+
+    async def prewarm(self, *, spec: PrewarmSpec) -> None:
+        self._maybe_fail("prewarm", 0.0)
+        if spec.pool and spec.pool not in self._pools:
+            raise NotFoundError(f"unknown pool {spec.pool!r} in cluster {self.name!r}")
+        if spec.key not in self.prewarms:
+            self.prewarms[spec.key] = (spec, self._clock())
+
+    async def prewarm_done(self, *, key: str) -> bool:
+        self._maybe_fail("status", 0.0)
+        started = self.prewarms.get(key)
+        if started is None:
+            raise NotFoundError(f"no prewarm {key!r} in cluster {self.name!r}")
+        return self._clock() - started[1] >= self.prewarm_s
 
     # ---- ClusterDriver ------------------------------------------------------------------
     async def apply(self, *, spec: ApplySpec) -> None:
@@ -207,10 +269,20 @@ class SimulatedClusterDriver:
         old = self._workloads.get(spec.workload_id)
         if old is not None and old.spec == spec and old.finished is None:
             return
+        if old is not None and old.finished is None and \
+                dataclasses.replace(old.spec, replicas=spec.replicas) == spec:
+            self._rescale(old, spec)  # only the count changed: a scale, not a rollout
+            return
+        surge: list[tuple[ApplySpec, _Replica]] = []
         if old is not None:
             for r in old.replicas:
-                self._release(old.spec, r)
-        w = _Workload(spec=spec, replicas=[_Replica(node=None) for _ in range(spec.replicas)])
+                if old.finished is None and r.node is not None:
+                    surge.append((old.spec, r))  # keeps running until the new are ready
+                else:
+                    self._release(old.spec, r)
+            surge.extend(old.old)
+        w = _Workload(spec=spec, replicas=[_Replica(node=None) for _ in range(spec.replicas)],
+                      old=surge)
         self._workloads[spec.workload_id] = w
         self._reschedule()
 
@@ -221,6 +293,7 @@ class SimulatedClusterDriver:
             return  # deleting what is gone is success (like a 404 on delete)
         for r in w.replicas:
             self._release(w.spec, r)
+        self._drop_old(w)
         self._reschedule()
 
     async def status(self, *, workload_id: str) -> DriverStatus:
@@ -232,15 +305,19 @@ class SimulatedClusterDriver:
         return [self._status(w) for _, w in sorted(self._workloads.items())]
 
     async def inventory(self) -> list[NodeInventory]:
+        """Nodes that joined the cluster (ordered ones still booting are not listed)."""
         self._maybe_fail("status", 0.0)
         out = []
+        now = self._clock()
         on_node: dict[str, int] = {}
         for w in self._workloads.values():
             if w.finished is None:
-                for r in w.replicas:
+                for r in (*w.replicas, *(r for _, r in w.old)):
                     if r.node is not None:
                         on_node[r.node] = on_node.get(r.node, 0) + 1
         for n in sorted(self._nodes.values(), key=lambda n: n.name):
+            if n.booted_at > now:
+                continue
             p = n.pool
             out.append(NodeInventory(
                 name=n.name, pool=p.name, allocatable_cpu=p.cpu_per_node,
@@ -258,10 +335,34 @@ class SimulatedClusterDriver:
         return out
 
     # ---- internals ----------------------------------------------------------------------
-    def _add_nodes(self, pool: SimPool, count: int, start: int = 0) -> None:
-        for i in range(start, start + count):
+    def _add_nodes(self, pool: SimPool, count: int, start: int = 0, *,
+                   taken: set[str] | None = None, booted_at: float = float("-inf")) -> None:
+        i = start
+        while count > 0:
             name = f"{self.name}-{pool.name}-{i}"
-            self._nodes[name] = _Node(name=name, pool=pool)
+            i += 1
+            if name in self._nodes or (taken is not None and name in taken):
+                continue
+            self._nodes[name] = _Node(name=name, pool=pool, booted_at=booted_at)
+            if booted_at > self._clock():
+                self._booting = True
+            count -= 1
+
+    def _pool_nodes(self, pool: str) -> list[_Node]:
+        return sorted((n for n in self._nodes.values() if n.pool.name == pool),
+                      key=lambda n: (len(n.name), n.name))
+
+    @staticmethod
+    def _empty(n: _Node) -> bool:
+        return n.used_cpu <= 1e-9 and n.used_gpu == 0 and n.used_memory_gib <= 1e-9
+
+    def _boot(self) -> None:
+        """Nodes whose boot finished take the replicas that were waiting for room."""
+        if not self._booting:
+            return
+        now = self._clock()
+        self._booting = any(n.booted_at > now for n in self._nodes.values())
+        self._reschedule()
 
     def _node(self, name: str) -> _Node:
         try:
@@ -279,6 +380,7 @@ class SimulatedClusterDriver:
 
     def _maybe_fail(self, op: str, rate: float) -> None:
         self.calls[op] = self.calls.get(op, 0) + 1
+        self._boot()
         if self._down:
             raise TransientError(f"cluster {self.name!r} is unreachable", provider="simulated")
         if rate > 0 and self._rng.random() < rate:
@@ -295,20 +397,54 @@ class SimulatedClusterDriver:
                 f"(pools: {', '.join(sorted(self._pools))})"
             )
 
-    def _fits(self, spec: ApplySpec, n: _Node) -> bool:
+    def _fits(self, spec: ApplySpec, n: _Node, now: float,
+              placeable: dict[tuple[str, str], bool]) -> bool:
         p = n.pool
-        if not n.ready or n.unschedulable or (spec.pool and p.name != spec.pool):
+        if not n.ready or n.unschedulable or n.booted_at > now or (
+                spec.pool and p.name != spec.pool):
             return False
-        labels = {**p.labels, "skyfed.io/pool": p.name}
-        if any(labels.get(k) != v for k, v in spec.node_selector.items()):
-            return False
-        tolerated = {str(t.get("key", "")) for t in spec.tolerations}
-        if any(t.split("=")[0].split(":")[0] not in tolerated for t in (*p.taints, *n.taints)):
+        key = (spec.workload_id, p.name)  # selector and pool taints: once per pass
+        if key not in placeable:
+            labels = {**p.labels, "skyfed.io/pool": p.name}
+            placeable[key] = all(labels.get(k) == v for k, v in spec.node_selector.items()) \
+                and self._tolerates(spec, p.taints)
+        if not placeable[key] or (n.taints and not self._tolerates(spec, n.taints)):
             return False
         eps = 1e-9
         return (n.used_cpu + spec.cpu <= p.cpu_per_node + eps
                 and n.used_memory_gib + spec.memory_gib <= p.memory_gib_per_node + eps
                 and n.used_gpu + spec.gpu <= p.gpu_per_node)
+
+    @staticmethod
+    def _tolerates(spec: ApplySpec, taints: Sequence[str]) -> bool:
+        tolerated = {str(t.get("key", "")) for t in spec.tolerations}
+        return all(t.split("=")[0].split(":")[0] in tolerated for t in taints
+                   if not t.endswith(":PreferNoSchedule"))
+
+    def _rescale(self, w: _Workload, spec: ApplySpec) -> None:
+        keep = sorted(w.replicas, key=lambda r: r.node is None)  # scheduled ones first
+        for r in keep[spec.replicas:]:
+            self._release(w.spec, r)
+        w.replicas = keep[:spec.replicas] + [
+            _Replica(node=None) for _ in range(spec.replicas - len(keep))]
+        w.spec = spec
+        self._reschedule()
+
+    def _evict(self, node: str) -> None:
+        """Replicas on `node` back to pending (old-spec ones of a rollout just end)."""
+        for w in self._workloads.values():
+            for r in w.replicas:
+                if r.node == node:
+                    self._release(w.spec, r)
+            for spec, r in [x for x in w.old if x[1].node == node]:
+                self._release(spec, r)
+                w.old.remove((spec, r))
+        self._reschedule()
+
+    def _drop_old(self, w: _Workload) -> None:
+        for spec, r in w.old:
+            self._release(spec, r)
+        w.old.clear()
 
     def _release(self, spec: ApplySpec, r: _Replica) -> None:
         if r.node is not None and r.node in self._nodes:
@@ -321,14 +457,18 @@ class SimulatedClusterDriver:
     def _reschedule(self) -> None:
         """First-fit every pending replica, oldest workload first (deterministic)."""
         now = self._clock()
+        nodes: list[_Node] | None = None  # sorted once, and only when something waits
+        placeable: dict[tuple[str, str], bool] = {}
         for _, w in sorted(self._workloads.items()):
             if w.finished is not None:
                 continue
             for r in w.replicas:
                 if r.node is not None:
                     continue
-                for n in sorted(self._nodes.values(), key=lambda n: n.name):
-                    if self._fits(w.spec, n):
+                if nodes is None:
+                    nodes = sorted(self._nodes.values(), key=lambda n: n.name)
+                for n in nodes:
+                    if self._fits(w.spec, n, now, placeable):
                         n.used_cpu += w.spec.cpu
                         n.used_memory_gib += w.spec.memory_gib
                         n.used_gpu += w.spec.gpu
@@ -343,112 +483,14 @@ class SimulatedClusterDriver:
         now = self._clock()
         ready = sum(1 for r in w.replicas
                     if r.scheduled_at is not None and now - r.scheduled_at >= self.startup_s)
+        if w.old and ready >= desired:
+            self._drop_old(w)  # the rollout is complete: the old spec's replicas end
+            self._reschedule()
+        ready = min(desired, ready + sum(
+            1 for _, r in w.old if r.scheduled_at is not None
+            and now - r.scheduled_at >= self.startup_s))
         pending = sum(1 for r in w.replicas if r.node is None)
         phase = WorkloadPhase.RUNNING if ready == desired else WorkloadPhase.PENDING
         msg = f"{pending} replica(s) unschedulable" if pending else ""
         return DriverStatus(workload_id=w.spec.workload_id, phase=phase, ready_replicas=ready,
                             desired_replicas=desired, message=msg)
-
-
-@dataclass(slots=True)
-class SimulatedCloudOptions:
-    """A catalog-priced cloud account without an API: for the demo, the twin and sync tests."""
-
-    provider: str = "aws"  # whose catalog prices and regions to serve
-    regions: tuple[str, ...] = ("us-east-1",)
-    quota_vcpu: float = 1000.0
-    quota_gpu: float = 64.0
-    price_factor: float = 1.0  # multiply catalog prices (price_change scenarios)
-    error_rate: float = 0.0  # share of calls that fail (throttle / 5xx / timeout, equally)
-    timeout_s: float = 0.05  # how long an injected timeout hangs before failing
-    seed: int = 0
-    instance_types: tuple[str, ...] = ()  # serve only these (empty: the whole catalog)
-
-
-class SimulatedCloudProvider:
-    """CloudProvider over the offline catalog, with quotas and fault injection in memory."""
-
-    capabilities = frozenset({Capability.LIST_REGIONS, Capability.LIST_OFFERS,
-                              Capability.QUOTAS, Capability.SCALE_POOL})
-
-    def __init__(self, options: SimulatedCloudOptions | None = None,
-                 *, catalog: Catalog | None = None) -> None:
-        self.options = options or SimulatedCloudOptions()
-        self.name = self.options.provider
-        self._catalog = catalog
-        self._rng = random.Random(self.options.seed)
-        self._pools: dict[tuple[str, str], int] = {}
-        self._used_vcpu: dict[str, float] = {}
-        self.calls = 0
-
-    @property
-    def catalog(self) -> Catalog:
-        if self._catalog is None:
-            self._catalog = Catalog.load()
-        return self._catalog
-
-    async def _maybe_fail(self, region: str) -> None:
-        self.calls += 1
-        if self.options.error_rate <= 0 or self._rng.random() >= self.options.error_rate:
-            return
-        kind = self._rng.randrange(3)
-        if kind == 0:
-            raise ThrottledError("injected 429", provider=self.name, region=region)
-        if kind == 1:
-            raise TransientError("injected 503", provider=self.name, region=region)
-        await asyncio.sleep(self.options.timeout_s)
-        raise TransientError(f"injected timeout after {self.options.timeout_s:g} s",
-                             provider=self.name, region=region)
-
-    def _check_region(self, region: str) -> None:
-        if region not in self.options.regions:
-            raise NotFoundError(f"region {region!r} is not enabled for this account",
-                                provider=self.name, region=region)
-
-    async def list_regions(self) -> list[Region]:
-        await self._maybe_fail("")
-        return [self.catalog.region(self.name, r) for r in self.options.regions]
-
-    async def list_offers(self, *, region: str) -> list[Offer]:
-        self._check_region(region)
-        await self._maybe_fail(region)
-        f = self.options.price_factor
-        return [
-            dataclasses.replace(
-                o,
-                price_usd_per_hour=None if o.price_usd_per_hour is None
-                else round(o.price_usd_per_hour * f, 6),
-                spot_price_usd_per_hour=None if o.spot_price_usd_per_hour is None
-                else round(o.spot_price_usd_per_hour * f, 6),
-                source="live",
-            )
-            for o in self.catalog.offers(provider=self.name, region=region)
-            if not self.options.instance_types or o.instance_type in self.options.instance_types
-        ]
-
-    async def get_quotas(self, *, region: str) -> list[Quota]:
-        self._check_region(region)
-        await self._maybe_fail(region)
-        return [
-            Quota(provider=self.name, region=region, metric="vcpu",
-                  limit=self.options.quota_vcpu, used=self._used_vcpu.get(region, 0.0)),
-            Quota(provider=self.name, region=region, metric="gpu", limit=self.options.quota_gpu),
-        ]
-
-    async def scale_pool(
-        self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str],
-    ) -> int:
-        self._check_region(region)
-        offer = self.catalog.offer(self.name, region, instance_type)
-        await self._maybe_fail(region)
-        before = self._pools.get((region, pool), 0)
-        used = self._used_vcpu.get(region, 0.0) + (nodes - before) * offer.vcpu
-        if used > self.options.quota_vcpu:
-            raise QuotaExceededError(
-                f"{nodes} x {instance_type} would use {used:g} vCPUs "
-                f"> quota {self.options.quota_vcpu:g}", provider=self.name, region=region,
-            )
-        self._pools[(region, pool)] = nodes
-        self._used_vcpu[region] = used
-        return nodes

@@ -130,6 +130,8 @@ async def submit_workload(request: Request) -> Response:
                 raise
     if created:
         metrics.submitted.labels(str(spec.kind)).inc()
+        if rt.placement_loop is not None:
+            rt.placement_loop.wake()  # event-driven: it batches for placement.batch_window_s
     return JsonResponse(workload_view(rec), status_code=201 if created else 200,
                         headers={"Location": f"/v1/workloads/{rec.workload.id}"})
 

@@ -81,12 +81,23 @@ async def prepare(url: str) -> str:
     return token
 
 
-def start_broker(url: str, data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start_broker(url: str, data_dir: Path, port: int, *, api_only: bool = True,
+                 log_file: Path | None = None,
+                 log_level: str = "WARNING") -> subprocess.Popen[bytes]:
+    """`skyfed serve` on `url` (only the API unless `api_only=False`: then every loop too).
+
+    Its log goes to `log_file` when given (a long run must not fill an unread pipe), else
+    to a pipe that `wait_ready` reads when the broker exits early.
+    """
     env = os.environ | {"SKYFED_STORE__URL": url, "SKYFED_DATA_DIR": str(data_dir),
-                        "SKYFED_API__HOST": "127.0.0.1", "SKYFED_LOG_LEVEL": "WARNING"}
+                        "SKYFED_API__HOST": "127.0.0.1", "SKYFED_LOG_LEVEL": log_level}
     env.pop("SKYFED_STORE_URL", None)
-    cmd = [sys.executable, "-m", "broker.cli", "serve", "--api-only", "--port", str(port)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [sys.executable, "-m", "broker.cli", "serve", *(["--api-only"] if api_only else []),
+           "--port", str(port)]
+    if log_file is None:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with log_file.open("wb") as log:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 
 async def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
@@ -96,7 +107,7 @@ async def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float 
     async with httpx.AsyncClient(base_url=base, timeout=2) as c:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
+                err = proc.stderr.read().decode() if proc.stderr else "(see its log file)"
                 raise RuntimeError(f"broker exited with {proc.returncode}: {err.strip()[-500:]}")
             try:
                 if (await c.get("/readyz")).status_code == 200:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from broker.bench import api, failover, placement, twin
+from broker.bench import api, e2e, failover, placement, twin
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -17,3 +17,4 @@ api.register(app)
 placement.register(app)
 failover.register(app)
 twin.register(app)
+e2e.register(app)

@@ -44,7 +44,7 @@ def list_cmd() -> None:
 
 async def _catalog_accounts(store: Store) -> list[Account]:
     from broker.federation.quota_sync import Account
-    from providers.simulated import SimulatedCloudOptions, SimulatedCloudProvider
+    from providers.simulated_cloud import SimulatedCloudOptions, SimulatedCloudProvider
 
     async with store.unit() as uow:
         clusters = await uow.clusters.list()

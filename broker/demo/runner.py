@@ -5,7 +5,9 @@
 2. the live placements, and LP vs greedy vs traditional on the same batch;
 3. one decision explained, one what-if;
 4. kill -9 one edge agent and time the failover;
-5. where to look next.
+5. the loop closes: pools the actuator grew, a prewarm, a cloud cluster that fails and
+   recovers and the service that moves back (broker/demo/closing.py);
+6. where to look next.
 
 Everything goes through the public API (httpx, the admin token) or the public
 MQTT protocol, like any client would; only the baseline comparison calls the
@@ -29,6 +31,7 @@ import httpx
 from rich.console import Console
 
 from broker.demo import report
+from broker.demo.closing import close_the_loop
 from broker.demo.compare import compare_policies, demo_snapshot, differences
 from broker.demo.federation import DemoFederation, load_demo_federation
 from broker.demo.stack import DemoStack, free_port
@@ -58,6 +61,8 @@ def demo_settings(data_dir: Path, port: int) -> Settings:
         api={"host": "127.0.0.1", "port": port},
         mqtt={"url": f"mqtt://127.0.0.1:{free_port()}", "embedded": True, "keepalive_s": 2},
         placement={"epoch_s": 0.5},
+        reconciler={"poll_s": 0.5, "down_after": 2},
+        actuator={"poll_s": 0.25},
     )
 
 
@@ -415,9 +420,10 @@ async def run_demo(opts: DemoOptions, console: Console) -> int:
                 await n.show_placements(live)
                 await n.explain_and_whatif()
                 await n.failover()
+                await close_the_loop(n, 5)
             finally:
                 await n.aclose()
-            report.step(console, 5, "Where to look next")
+            report.step(console, 6, "Where to look next")
             report.next_steps(console, url=stack.url, data_dir=str(data_dir),
                               token_file=str(stack.token_file()), elapsed_s=time.monotonic() - t0,
                               serve=opts.serve, token=stack.token)

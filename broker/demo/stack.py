@@ -70,15 +70,21 @@ class _Server(uvicorn.Server):
         yield
 
 
+BOOT_S = 1.0  # a demo cloud node boots this long before it joins (real ones: minutes)
+PREWARM_S = 1.0
+
+
 def sim_drivers(fed: DemoFederation) -> dict[str, SimulatedClusterDriver]:
-    """One simulated cluster per demo cluster and edge site, at max size (autoscaled)."""
+    """One simulated cluster per demo cluster and edge site. Cloud pools start at their
+    registered size and grow when the actuator orders nodes (they boot for BOOT_S)."""
     drivers: dict[str, SimulatedClusterDriver] = {}
     for c in fed.clusters:
-        pools = [SimPool(name=p.name, nodes=max(p.nodes, p.max_nodes), cpu_per_node=p.node.cpu,
+        pools = [SimPool(name=p.name, nodes=p.nodes, cpu_per_node=p.node.cpu,
                          memory_gib_per_node=p.node.memory_gib, gpu_per_node=p.node.gpu,
                          gpu_model=p.gpu_model, interconnect=p.interconnect,
                          instance_type=p.instance_type) for p in c.pools]
-        drivers[c.name] = SimulatedClusterDriver(c.name, pools, startup_s=0.5)
+        drivers[c.name] = SimulatedClusterDriver(c.name, pools, startup_s=0.5, boot_s=BOOT_S,
+                                                 prewarm_s=PREWARM_S)
     for s in fed.sites:
         pool = SimPool(name="site", nodes=1, cpu_per_node=s.cpu, memory_gib_per_node=s.memory_gib,
                        gpu_per_node=s.gpu, gpu_model=s.gpu_model,

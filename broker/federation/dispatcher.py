@@ -15,12 +15,19 @@ A cluster without a driver counts as a failure that names the cluster.
 
 Cancelled workloads whose placement was applied are deleted from their
 clusters and the placement retired (`list_to_withdraw`).
+
+Event-driven: the placement loop calls `wake()` after each commit, so a placement
+is applied at once rather than at the next poll; one pass applies its batch
+concurrently (`concurrency` calls in flight; each driver caps its own) and marks
+what succeeded dispatched in one unit of work. Then `on_dispatched` callbacks get
+the clusters applied to (the reconciler's wake-up, so "running" follows promptly).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from tenacity import (
@@ -73,7 +80,7 @@ class Dispatcher(PollingLoop):
 
     def __init__(self, store: Store, drivers: Mapping[str, ClusterDriver], clock: Clock, *,
                  poll_s: float = 1.0, max_attempts: int = 5, retries: int = 3,
-                 backoff_s: float = 0.2, batch: int = 200) -> None:
+                 backoff_s: float = 0.2, batch: int = 500, concurrency: int = 32) -> None:
         super().__init__(clock, interval_s=poll_s)
         self._store = store
         self._drivers = drivers
@@ -81,29 +88,47 @@ class Dispatcher(PollingLoop):
         self._retries = retries
         self._backoff_s = backoff_s
         self._batch = batch
+        self._sem = asyncio.Semaphore(concurrency)
+        # Called with the clusters each pass applied to (wakes the reconciler).
+        self.on_dispatched: list[Callable[[set[str]], None]] = []
+        self._next_withdraw_s = float("-inf")
         self.applied = 0
 
     async def step(self) -> None:
-        await self.dispatch_once()
-        await self.withdraw_once()
+        while await self.dispatch_once() >= self._batch:
+            pass  # a full batch: more are waiting
+        if self.clock.now() >= self._next_withdraw_s:  # every poll, not on every wake
+            await self.withdraw_once()
+            self._next_withdraw_s = self.clock.now() + self.interval_s
 
     async def dispatch_once(self) -> int:
         """Apply every undispatched placement once; returns how many were dispatched."""
         async with self._store.unit() as uow:
             todo = await uow.placements.list_undispatched(limit=self._batch)
-            workloads = {r.placement.workload_id: (await uow.workloads.get(
-                r.placement.workload_id)).workload for r in todo}
-        done = 0
-        for rec in todo:
-            try:
-                await self.apply_placement(rec, workloads[rec.placement.workload_id])
-            except (DispatchError, ProviderError) as exc:
-                await self._failed(rec, str(exc))
-                continue
-            async with self._store.unit() as uow:
-                await uow.placements.mark_dispatched(rec.id)
-            done += 1
-        return done
+            workloads = await uow.workloads.get_many([r.placement.workload_id for r in todo])
+        if not todo:
+            return 0
+
+        async def one(rec: PlacementRecord) -> str | None:
+            async with self._sem:
+                try:
+                    await self.apply_placement(rec, workloads[rec.placement.workload_id])
+                except (DispatchError, ProviderError) as exc:
+                    return str(exc)
+            return None
+
+        errors = await asyncio.gather(*(one(rec) for rec in todo))
+        done = [rec for rec, err in zip(todo, errors, strict=True) if err is None]
+        async with self._store.unit() as uow:
+            await uow.placements.mark_dispatched_many([rec.id for rec in done])
+        for rec, err in zip(todo, errors, strict=True):
+            if err is not None:
+                await self._failed(rec, err)
+        clusters = {a.cluster for rec in done for a in rec.placement.assignments}
+        if clusters:
+            for callback in self.on_dispatched:
+                callback(clusters)
+        return len(done)
 
     async def apply_placement(self, rec: PlacementRecord, workload: Workload) -> None:
         """Apply every assignment of one placement (without marking it dispatched)."""
@@ -150,4 +175,13 @@ class Dispatcher(PollingLoop):
 
 
 def make_dispatcher(rt: Runtime) -> Dispatcher:
-    return Dispatcher(rt.store, rt.drivers, rt.clock)
+    """The dispatcher, woken by the placement loop; it wakes the reconciler (looked up when
+    called: it is built after this)."""
+    disp = Dispatcher(rt.store, rt.drivers, rt.clock)
+
+    def wake_reconciler(clusters: set[str]) -> None:
+        if rt.reconciler is not None:
+            rt.reconciler.wake_for(clusters)
+
+    disp.on_dispatched.append(wake_reconciler)
+    return disp

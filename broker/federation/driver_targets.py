@@ -37,7 +37,7 @@ DEFAULT_NAMESPACE = "skyfed"
 TRUSTED_TENANTS = frozenset({"admin"})
 _K8S_SHORTHAND = ("kubeconfig", "context", "namespace", "in_cluster")
 _K8S_EXTRA = ("max_concurrency", "timeout_s", "watch_timeout_s", "job_backoff_limit")
-_SIM_KEYS = ("startup_s", "seed")
+_SIM_KEYS = ("startup_s", "seed", "boot_s", "prewarm_s")
 _EDGE_KEYS = ("site", "command_timeout_s")
 _CAMEL_RE = re.compile(r"(?<=[a-z0-9])([A-Z])")
 _NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -71,7 +71,9 @@ class DriverTarget:
 
 
 def _pool_key(p: SimPool) -> list[Any]:
-    return [p.name, p.nodes, p.cpu_per_node, p.memory_gib_per_node, p.gpu_per_node, p.gpu_model,
+    # Not the node count: the actuator scales a pool through its driver, and the registry
+    # must not rebuild (and so forget) a simulated cluster because its pool grew.
+    return [p.name, p.cpu_per_node, p.memory_gib_per_node, p.gpu_per_node, p.gpu_model,
             str(p.interconnect), sorted(p.labels.items()), list(p.taints), p.instance_type]
 
 
@@ -101,7 +103,8 @@ def target_for(rec: ClusterRecord, *, catalog: Callable[[], Catalog] = Catalog.l
                                     "broker host); ask an admin to register it")
         return DriverTarget(name=name, kind=kind, tenant=rec.tenant,
                             options=_kubernetes_options(name, attrs))
-    pools = tuple(_sim_pool(rec.cluster, p, catalog) for p in rec.cluster.pools)
+    pools = tuple(_sim_pool(rec.cluster, p, catalog, full=kind == "edge")
+                  for p in rec.cluster.pools)
     if kind == "edge":
         return DriverTarget(name=name, kind=kind, tenant=rec.tenant,
                             options=_edge_options(name, attrs), pools=pools)
@@ -111,7 +114,10 @@ def target_for(rec: ClusterRecord, *, catalog: Callable[[], Catalog] = Catalog.l
     sim = _snake(sim)
     _refuse_unknown(name, "attrs.simulated", sim, _SIM_KEYS)
     options = {"startup_s": _number(name, "attrs.simulated.startup_s", sim.get("startup_s", 0.0)),
-               "seed": int(_number(name, "attrs.simulated.seed", sim.get("seed", 0)))}
+               "seed": int(_number(name, "attrs.simulated.seed", sim.get("seed", 0))),
+               "boot_s": _number(name, "attrs.simulated.boot_s", sim.get("boot_s", 0.0)),
+               "prewarm_s": _number(name, "attrs.simulated.prewarm_s",
+                                    sim.get("prewarm_s", 0.0))}
     return DriverTarget(name=name, kind=kind, tenant=rec.tenant, options=options, pools=pools)
 
 
@@ -180,8 +186,11 @@ def _number(name: str, where: str, value: Any) -> float:
     return float(value)
 
 
-def _sim_pool(cluster: Cluster, pool: Pool, catalog: Callable[[], Catalog]) -> SimPool:
-    """A simulated pool at full size; node shape from the pool, else from the catalog."""
+def _sim_pool(cluster: Cluster, pool: Pool, catalog: Callable[[], Catalog], *,
+              full: bool = False) -> SimPool:
+    """A simulated pool of the registered node count (the actuator scales it up to
+    max_nodes), or at `max(nodes, max_nodes)` when `full` (an edge site's fixed hardware);
+    node shape from the pool, else from the catalog."""
     cpu, mem, gpu = pool.node.cpu, pool.node.memory_gib, pool.node.gpu
     gpu_model, interconnect = pool.gpu_model, pool.interconnect
     if cpu <= 0 or mem <= 0:
@@ -194,7 +203,8 @@ def _sim_pool(cluster: Cluster, pool: Pool, catalog: Callable[[], Catalog]) -> S
         gpu_model = gpu_model or offer.gpu_model
         if interconnect is Interconnect.NONE:
             interconnect = offer.interconnect
-    return SimPool(name=pool.name, nodes=max(pool.nodes, pool.max_nodes), cpu_per_node=cpu,
+    return SimPool(name=pool.name, nodes=max(pool.nodes, pool.max_nodes) if full else pool.nodes,
+                   cpu_per_node=cpu,
                    memory_gib_per_node=mem, gpu_per_node=gpu, gpu_model=gpu_model,
                    interconnect=interconnect, labels=dict(cluster.labels),
                    taints=tuple(cluster.taints), instance_type=pool.instance_type)

@@ -125,14 +125,16 @@ class _HubTransport:
 
     async def send_command(self, *, site: str, kind: str,
                            service: Mapping[str, Any] | None = None, service_name: str = "",
-                           standby: bool = False, timeout_s: float = 5.0) -> Mapping[str, Any]:
+                           standby: bool = False, timeout_s: float = 5.0,
+                           data: Sequence[Mapping[str, Any]] = (),
+                           images: Sequence[str] = ()) -> Mapping[str, Any]:
         hub = self._hub()
         if hub is None:
             raise TransientError(f"cannot send {kind!r} to site {site!r}: no edge hub (MQTT "
                                  "session) runs in this broker", provider="edge", region=site)
         ack: Mapping[str, Any] = await hub.send_command(
             site=site, kind=kind, service=service, service_name=service_name, standby=standby,
-            timeout_s=timeout_s)
+            timeout_s=timeout_s, data=data, images=images)
         return ack
 
     def site_services(self, *, site: str) -> Mapping[str, str] | None:
@@ -268,7 +270,9 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
         if target.kind == "simulated":
             driver = SimulatedClusterDriver(
                 target.name, target.pools, seed=int(target.options["seed"]),
-                clock=self._clock.now, startup_s=float(target.options["startup_s"]))
+                clock=self._clock.now, startup_s=float(target.options["startup_s"]),
+                boot_s=float(target.options.get("boot_s", 0.0)),
+                prewarm_s=float(target.options.get("prewarm_s", 0.0)))
             return driver, _noop
         if target.kind == "kubernetes":
             return await self._build_kubernetes(target)

@@ -37,6 +37,7 @@ from broker.federation.edge_core import (
     Send,
 )
 from broker.federation.edge_inbox import Inbox
+from broker.federation.metrics import FAILOVERS
 from broker.placement.snapshot import SITE_POOL
 from broker.settings import EdgeSettings, MqttSettings
 from edge_agent.protocol import (
@@ -261,6 +262,8 @@ class EdgeHub:
         """Log now; persist in the background (a slow store must not delay a failover)."""
         if rec.kind not in ("edge_event", "edge_site_rtt"):
             log.info("%s %s", rec.kind, rec.data)
+        if rec.kind == "edge_failover":
+            FAILOVERS.labels("edge_hub").inc()
         if self.recorder is not None:
             try:
                 self._records.put_nowait(rec)
@@ -308,11 +311,14 @@ class EdgeHub:
     # EdgeTransport (providers/edge.py): the dispatcher's plain path to a site
     async def send_command(self, *, site: str, kind: str,
                            service: Mapping[str, Any] | None = None, service_name: str = "",
-                           standby: bool = False, timeout_s: float = 5.0) -> Mapping[str, Any]:
+                           standby: bool = False, timeout_s: float = 5.0,
+                           data: Sequence[Mapping[str, Any]] = (),
+                           images: Sequence[str] = ()) -> Mapping[str, Any]:
         cmd = Command.model_validate({
             "command_id": uuid.uuid4().hex, "site": site, "kind": kind, "service": service,
             "service_name": service_name or (service or {}).get("name", ""),
-            "standby": standby, "ts_ms": self.clock()})
+            "standby": standby, "ts_ms": self.clock(), "data": list(data),
+            "images": list(images)})
         fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         self._waiters[cmd.command_id] = fut
         self._enqueue(Send(site, cmd))

@@ -17,7 +17,9 @@ injected `Clock` until the interval passes, `wake()` is called, or `stop` is set
             await self.dispatch_once()
 
 A wake that arrives while a step runs is kept: the loop steps again at once after it
-(nothing is lost when the API wakes the placement loop mid-epoch). A step that raises
+(nothing is lost when the API wakes the placement loop mid-epoch). With `batch_window_s`
+a wake starts the next step only after that window, so a burst of wakes (submissions)
+is served by one step (the placement loop solves them as one batch). A step that raises
 ends `run`; `supervise` logs it and restarts the loop with backoff, so one broken loop
 never takes the API down. The edge hub is a `Loop` with its own MQTT-driven `run`.
 """
@@ -64,12 +66,16 @@ class PollingLoop(ABC):
 
     name: str = "loop"
 
-    def __init__(self, clock: Clock, *, interval_s: float) -> None:
+    def __init__(self, clock: Clock, *, interval_s: float, batch_window_s: float = 0.0) -> None:
         if not (math.isfinite(interval_s) and interval_s > 0):
             raise ConfigError(f"loop {self.name}: interval_s must be a finite number > 0, "
                               f"got {interval_s}")
+        if not (math.isfinite(batch_window_s) and batch_window_s >= 0):
+            raise ConfigError(f"loop {self.name}: batch_window_s must be a finite number "
+                              f">= 0, got {batch_window_s}")
         self.clock = clock
         self.interval_s = interval_s
+        self.batch_window_s = batch_window_s
         self._wake = asyncio.Event()
 
     @abstractmethod
@@ -86,6 +92,8 @@ class PollingLoop(ABC):
             self._wake.clear()  # a wake during the step below is kept for the wait after it
             await self.step()
             await sleep_or_stop(self.clock, self.interval_s, stop, wake=self._wake)
+            if self._wake.is_set() and self.batch_window_s > 0:
+                await sleep_or_stop(self.clock, self.batch_window_s, stop)
 
 
 async def supervise(loop: Loop, stop: asyncio.Event, *, initial_backoff_s: float = 1.0,

@@ -19,7 +19,20 @@ solves them again); after it, the dispatcher owns them.
 
 Workloads no option can ever take (`infeasible`/`no options`) become
 `unplaceable` with the reason; workloads left out for capacity, quota or
-budget stay pending and are retried next tick.
+budget stay pending and are retried next tick (or at the plan's
+`Retry.not_before_s`, stored on the workload).
+
+The same unit of work writes the plan's other decisions (scale, scale-in,
+prewarm, migrations, retries: decision_log.py); after the commit the loop calls
+its `on_commit` callbacks, which wake the actuator and the dispatcher. The
+snapshot counts the nodes on order (the actuator's open scale decisions) and
+shows pools that cannot scale (scaling.py) with `max_nodes == nodes`.
+
+Event-driven: `wake()` (the API calls it on every accepted submission) ends
+the wait; the loop then waits `batch_window_s` for more submissions to batch
+with (one LP for all of them) and solves. Without wakes it still solves every
+`epoch_s`, also when nothing is pending but work runs (the planner may move it
+or free its nodes). A full batch (`batch_max`) wakes the loop again at once.
 """
 
 from __future__ import annotations
@@ -27,13 +40,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from broker.clock import Clock
-from broker.domain import FederationSnapshot, Placement, PolicyAction, WorkloadStatus
+from broker.domain import Cluster, FederationSnapshot, Placement, PolicyAction, WorkloadStatus
+from broker.federation.decision_log import count_metrics, record_decisions
 from broker.federation.looping import PollingLoop
+from broker.federation.metrics import PENDING, PLACEMENT_EPOCH
 from broker.federation.policy_runtime import (
     PolicyDecision,
     PolicyRuntime,
@@ -41,10 +56,10 @@ from broker.federation.policy_runtime import (
     share_observation,
 )
 from broker.federation.quarantine import Quarantine
-from broker.federation.snapshot import SnapshotReader
+from broker.federation.snapshot import RunningCache, SnapshotReader
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.settings import PlacementSettings, SnapshotSettings
-from broker.store import Store
+from broker.store import ClusterRecord, Store
 
 if TYPE_CHECKING:
     from broker.federation.runtime import Runtime
@@ -53,7 +68,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ActionFn = Callable[[FederationSnapshot], PolicyAction]
+ScalableFn = Callable[[Sequence[ClusterRecord]], set[tuple[str, str]]]
 _FOREVER_REASONS = ("infeasible", "no options")
+
+
+@dataclass(frozen=True, slots=True)
+class LoopView:
+    """What the loop read besides the snapshot: who owns each cluster and workload."""
+
+    owners: Mapping[str, str] = field(default_factory=dict)  # cluster -> tenant
+    tenants: Mapping[str, str] = field(default_factory=dict)  # workload id -> tenant
+
+
+def clamp_unscalable(clusters: Sequence[Cluster],
+                     scalable: set[tuple[str, str]]) -> tuple[Cluster, ...]:
+    """Pools that cannot scale show `max_nodes == nodes`: the planner orders no nodes there
+    (the actuator would only refuse them; scaling.py says which pools can scale)."""
+    out = []
+    for c in clusters:
+        pools = tuple(p if (c.name, p.name) in scalable or p.max_nodes <= p.nodes
+                      else replace(p, max_nodes=p.nodes) for p in c.pools)
+        out.append(replace(c, pools=pools))
+    return tuple(out)
 
 
 def planner_config(settings: PlacementSettings) -> PlannerConfig:
@@ -107,8 +143,10 @@ class PlacementLoop(PollingLoop):
 
     def __init__(self, store: Store, clock: Clock, settings: PlacementSettings, *,
                  action_fn: ActionFn | None = None, catalog: Catalog | None = None,
-                 policy: str = "lp", reader: SnapshotReader | None = None) -> None:
-        super().__init__(clock, interval_s=settings.epoch_s)
+                 policy: str = "lp", reader: SnapshotReader | None = None,
+                 scalable: ScalableFn | None = None) -> None:
+        super().__init__(clock, interval_s=settings.epoch_s,
+                         batch_window_s=settings.batch_window_s)
         self._store = store
         self.reader = reader or SnapshotReader(SnapshotSettings(), settings, catalog=catalog)
         self._settings = settings
@@ -118,63 +156,122 @@ class PlacementLoop(PollingLoop):
         self._catalog = catalog
         self._policy = policy
         self.quarantine = Quarantine()  # clusters with absurd numbers stay out (sanity.py)
+        self._scalable = scalable
+        self._view = LoopView()
+        self._cache = RunningCache()
+        # Called after every commit of an epoch (wakes the actuator and the dispatcher).
+        self.on_commit: list[Callable[[], None]] = []
         self.last_plan: EpochPlan | None = None
         self.ticks = 0
 
     async def step(self) -> EpochPlan | None:
-        return await self.tick()
+        plan = await self.tick()
+        if plan is not None and len(plan.placements) + len(plan.unplaced) >= \
+                self._settings.batch_max:
+            self.wake()  # a full batch: more are waiting
+        return plan
 
     async def snapshot(self) -> FederationSnapshot | None:
-        """Every sensor, merged (federation/snapshot.py); None if nothing is pending."""
-        return await self.reader.pending_snapshot(self._store,
-                                                  batch_max=self._settings.batch_max,
-                                                  quarantine=self.quarantine)
+        """Every sensor, merged (federation/snapshot.py), with the nodes on order and the
+        pools that cannot scale clamped; None when nothing is pending and nothing runs."""
+        async with self._store.unit() as uow:
+            PENDING.set(await uow.workloads.count_pending())
+        got = await self.reader.epoch(self._store, batch_max=self._settings.batch_max,
+                                      quarantine=self.quarantine, cache=self._cache)
+        if got is None:
+            return None
+        snap, r = got
+        self._view = LoopView(owners={c.cluster.name: c.tenant for c in r.clusters},
+                              tenants={w.id: w.tenant for w in (*r.pending,
+                                                                *r.workloads.values())})
+        if self._scalable is None:
+            return snap
+        return replace(snap, clusters=clamp_unscalable(snap.clusters, self._scalable(r.clusters)))
 
     async def tick(self) -> EpochPlan | None:
         """One epoch: snapshot, solve off the loop, write everything in one transaction."""
+        t0 = time.perf_counter()
         snap = await self.snapshot()
         if snap is None:
             return None
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         plan = await asyncio.to_thread(decide_and_plan, snap, self._action_fn, self._config,
                                        policy=self._policy, source=self._source)
-        await self._write(plan)
+        t2 = time.perf_counter()
+        counts = await self._write(plan, snap)
+        for callback in self.on_commit:
+            callback()
+        count_metrics(counts, len(plan.placements))
         self.last_plan = plan
         self.ticks += 1
-        log.info("placement epoch: %d pending, %d placed, %d unplaced, %s gap=%s in %.3fs",
-                 len(snap.pending), len(plan.placements), len(plan.unplaced),
-                 plan.stats.status, plan.stats.gap, time.perf_counter() - t0)
+        t3 = time.perf_counter()
+        PLACEMENT_EPOCH.observe(t3 - t0)
+        log.log(logging.INFO if snap.pending or counts else logging.DEBUG,
+                "placement epoch: %d pending, %d placed, %d unplaced, %s gap=%.2g in %.3fs "
+                "(snapshot %.3f, plan %.3f, write %.3f)%s",
+                len(snap.pending), len(plan.placements), len(plan.unplaced),
+                plan.stats.status, plan.stats.gap or 0.0, t3 - t0, t1 - t0, t2 - t1, t3 - t2,
+                "".join(f", {n} {k}" for k, n in sorted(counts.items())))
         return plan
 
-    async def _write(self, plan: EpochPlan) -> None:
+    async def _write(self, plan: EpochPlan, snap: FederationSnapshot) -> dict[str, int]:
+        """Placements, unplaceable marks and every other decision: one unit of work.
+
+        The first placement that carries the policy's observation stores it; the others
+        point at that placement (`share_observation`), so it is stored once per epoch.
+        """
         placed = {p.workload_id for p in plan.placements}
         holder: str | None = None  # the placement storing this epoch's policy observation
+        tau = self.reader.settings.demand_tau_s
         async with self._store.unit() as uow:
+            rest: list[tuple[Placement, str]] = []
             for p in plan.placements:
                 reason = plan.unplaced.get(p.workload_id, "")
                 message = f"{p.placed_replicas} replicas placed; rest: {reason}" if reason else ""
                 pa = p.decision.get("policy_action")
-                observed = isinstance(pa, Mapping) and "observation" in pa
-                stored = p
-                if observed and holder is not None and isinstance(pa, Mapping):
-                    stored = replace(p, decision={
-                        **p.decision, "policy_action": share_observation(pa, holder)})
-                pid = await uow.placements.record(
-                    stored, message=message, demand_tau_s=self.reader.settings.demand_tau_s)
-                if observed and holder is None and pid is not None:
-                    holder = pid
+                if isinstance(pa, Mapping) and "observation" in pa:
+                    if holder is None:
+                        holder = await uow.placements.record(p, message=message,
+                                                             demand_tau_s=tau)
+                        continue
+                    p = replace(p, decision={**p.decision,
+                                             "policy_action": share_observation(pa, holder)})
+                rest.append((p, message))
+            await uow.placements.record_many(rest, demand_tau_s=tau)
             for wid, reason in plan.unplaced.items():
                 if wid not in placed and reason.startswith(_FOREVER_REASONS):
                     await uow.workloads.set_status(wid, WorkloadStatus.UNPLACEABLE,
                                                    message=reason)
+            return await record_decisions(uow, plan, snap, owners=self._view.owners,
+                                          tenants=self._view.tenants)
 
 
 def make_placement_loop(rt: Runtime) -> PlacementLoop:
-    """The loop on `rt.policy` (fixed weights when None) and the offline catalog, if any."""
+    """The loop on `rt.policy` (fixed weights when None) and the offline catalog, if any.
+
+    It sees which pools can scale (scaling.py, over `rt.drivers` and `rt.accounts`) and,
+    after each commit, wakes the actuator and the dispatcher (looked up when called: they
+    are built after it)."""
+    from broker.federation.scaling import scalable_pools
+
     catalog = _load_catalog(rt)
     s = rt.settings
-    return PlacementLoop(rt.store, rt.clock, s.placement, action_fn=rt.policy, catalog=catalog,
-                         reader=SnapshotReader(s.snapshot, s.placement, catalog=catalog))
+
+    def scalable(records: Sequence[ClusterRecord]) -> set[tuple[str, str]]:
+        return scalable_pools(records, drivers=rt.drivers, accounts=rt.accounts)
+
+    loop = PlacementLoop(rt.store, rt.clock, s.placement, action_fn=rt.policy, catalog=catalog,
+                         reader=SnapshotReader(s.snapshot, s.placement, catalog=catalog),
+                         scalable=scalable)
+
+    def wake_after_commit() -> None:
+        if rt.actuator is not None:
+            rt.actuator.wake()
+        if rt.dispatcher is not None:
+            rt.dispatcher.wake()
+
+    loop.on_commit.append(wake_after_commit)
+    return loop
 
 
 def _load_catalog(rt: Runtime) -> Catalog | None:

@@ -12,7 +12,16 @@ Each pass asks every driver for `list_status()` (with a timeout):
 - RUNNING / SUCCEEDED / FAILED reported by the driver are written to the
   workload (placed -> running, running -> succeeded/failed);
 - a cluster that comes back still running a workload that was re-placed
-  elsewhere meanwhile gets that workload deleted (no replica runs twice).
+  elsewhere meanwhile gets that workload deleted (no replica runs twice),
+  unless it is the target of an open migration (migration.py: the actuator
+  started it there and switches the placement once it is ready); a workload
+  moved off a failed cluster remembers it (`displaced_from`), so the planner
+  may move it back once the cluster recovers.
+
+Event-driven: `wake_for(clusters)` (the dispatcher calls it after applying) makes
+the next pass come at once and look at those clusters only; the full pass over
+every driver still runs every `poll_s`. A pass asks the drivers concurrently and
+writes what they report in one unit of work.
 
 One decider per failure: edge sites are the edge hub's (federation/edge_hub.py detects a
 silent or crashed agent within a second and fails its services over to the warm standby,
@@ -37,7 +46,9 @@ from broker.domain import SiteHealth, WorkloadStatus
 from broker.errors import BrokerError
 from broker.federation.edge_services import hub_serves
 from broker.federation.looping import PollingLoop
-from broker.store import Store
+from broker.federation.metrics import FAILOVERS
+from broker.federation.migration import migration_targets
+from broker.store import Store, UnitOfWork
 from providers.base import ClusterDriver, DriverStatus, WorkloadPhase
 from providers.errors import ProviderError
 
@@ -52,9 +63,9 @@ _PHASE_TO_STATUS = {
     WorkloadPhase.FAILED: WorkloadStatus.FAILED,
 }
 _ALLOWED_FROM = {
-    WorkloadStatus.RUNNING: {WorkloadStatus.PLACED},
-    WorkloadStatus.SUCCEEDED: {WorkloadStatus.PLACED, WorkloadStatus.RUNNING},
-    WorkloadStatus.FAILED: {WorkloadStatus.PLACED, WorkloadStatus.RUNNING},
+    WorkloadStatus.RUNNING: frozenset({WorkloadStatus.PLACED}),
+    WorkloadStatus.SUCCEEDED: frozenset({WorkloadStatus.PLACED, WorkloadStatus.RUNNING}),
+    WorkloadStatus.FAILED: frozenset({WorkloadStatus.PLACED, WorkloadStatus.RUNNING}),
 }
 
 
@@ -77,33 +88,55 @@ class Reconciler(PollingLoop):
         self._not_ready_since: dict[tuple[str, str], float] = {}
         self.requeued: list[str] = []
         self.orphans_deleted: list[tuple[str, str]] = []
+        self._migrating: set[tuple[str, str]] = set()
+        self._dirty: set[str] = set()
+        self._next_full_s = float("-inf")
+
+    def wake_for(self, clusters: set[str]) -> None:
+        """Look at `clusters` now (e.g. right after the dispatcher applied there)."""
+        self._dirty |= clusters
+        self.wake()
 
     async def step(self) -> None:
-        await self.reconcile_once()
+        if self.clock.now() >= self._next_full_s or not self._dirty:
+            self._dirty.clear()
+            await self.reconcile_once()
+            self._next_full_s = self.clock.now() + self.interval_s
+        else:
+            dirty, self._dirty = self._dirty, set()
+            await self.reconcile_once(only=dirty)
 
-    async def reconcile_once(self) -> None:
+    async def reconcile_once(self, *, only: set[str] | None = None) -> None:
+        """One pass over every driver (or those in `only`), then failover."""
         edge = await self._edge_members()
-        for name, driver in sorted(self._drivers.items()):
-            try:
-                statuses = await asyncio.wait_for(driver.list_status(), self._timeout_s)
-            except (ProviderError, TimeoutError) as exc:
+        names = [n for n in sorted(self._drivers) if only is None or n in only]
+        results = await asyncio.gather(*(self._poll(n) for n in names))
+        polled: dict[str, list[DriverStatus]] = {}
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, str):
                 if name not in edge:
-                    await self._unreachable(name, str(exc) or type(exc).__name__)
+                    await self._unreachable(name, result)
                 continue
-            if name in edge:
-                await self._apply_statuses(name, statuses)
-                continue
-            await self._reachable(name)
-            orphans = await self._apply_statuses(name, statuses)
-            await self._delete_orphans(name, driver, orphans)
+            if name not in edge:
+                await self._reachable(name)
+            polled[name] = result
+        for cluster, wid in await self._apply(polled, edge):
+            await self._delete_orphan(cluster, wid)
         await self._failover(edge)
+
+    async def _poll(self, name: str) -> list[DriverStatus] | str:
+        """The driver's statuses, or why it could not be asked."""
+        try:
+            return await asyncio.wait_for(self._drivers[name].list_status(), self._timeout_s)
+        except (ProviderError, TimeoutError) as exc:
+            return str(exc) or type(exc).__name__
 
     async def _edge_members(self) -> set[str]:
         """Edge sites (registered as sites or as `provider: edge` clusters): the hub's."""
         try:
             async with self._store.unit() as uow:
-                return ({c.name for c in await uow.clusters.list() if c.is_edge}
-                        | {s.name for s in await uow.sites.list()})
+                return set(await uow.clusters.edge_names()) | {
+                    s.name for s in await uow.sites.list()}
         except BrokerError as exc:
             log.warning("cannot read edge sites: %s", exc)
             return set()
@@ -130,60 +163,72 @@ class Reconciler(PollingLoop):
             log.warning("cannot set health of %s: %s", cluster, exc)
         log.warning("cluster %s healthy=%s: %s", cluster, healthy, reason)
 
-    async def _apply_statuses(self, cluster: str, statuses: list[DriverStatus]) -> list[str]:
-        """Write driver phases to workloads; return workloads the cluster runs by mistake."""
+    async def _apply(self, polled: Mapping[str, list[DriverStatus]],
+                     edge: set[str]) -> list[tuple[str, str]]:
+        """Write driver phases to workloads; return (cluster, workload) run there by mistake
+        (never on an edge site: what a recovered site runs is the hub's warm standby)."""
         now = self.clock.now()
-        orphans: list[str] = []
+        orphans: list[tuple[str, str]] = []
+        changes: list[tuple[str, WorkloadStatus, str]] = []
         async with self._store.unit() as uow:
+            self._migrating = migration_targets(await uow.decisions.list_open(
+                kinds=("migration",)))
+            reported = [st.workload_id for sts in polled.values() for st in sts]
             active = {r.placement.workload_id: r for r in
-                      await uow.placements.list_active_on_cluster(cluster)}
-            for st in statuses:
-                rec = active.get(st.workload_id)
-                if rec is None and st.phase in (WorkloadPhase.PENDING, WorkloadPhase.RUNNING):
-                    # Re-placed elsewhere (failover) while this cluster was away.
-                    now_at = await uow.placements.get_active_for_workload(st.workload_id)
-                    if now_at is not None and cluster not in {
-                            a.cluster for a in now_at.placement.assignments}:
-                        orphans.append(st.workload_id)
-                    continue
-                if rec is None or not rec.dispatched:
-                    continue
-                key = (cluster, st.workload_id)
-                if st.phase is WorkloadPhase.PENDING and st.ready_replicas < st.desired_replicas:
-                    since = self._not_ready_since.setdefault(key, now)
-                    if now - since >= self._stuck_after_s:
-                        await uow.workloads.requeue(
-                            st.workload_id, reason=f"replicas not ready on {cluster} for "
-                                                   f"{now - since:.0f}s: {st.message}")
-                        self.requeued.append(st.workload_id)
-                        self._not_ready_since.pop(key, None)
-                    continue
-                self._not_ready_since.pop(key, None)
-                target = _PHASE_TO_STATUS.get(st.phase)
-                if target is None:
-                    continue
-                current = (await uow.workloads.get(st.workload_id)).workload.status
-                if current in _ALLOWED_FROM[target]:
-                    await uow.workloads.set_status(st.workload_id, target, message=st.message)
+                      await uow.placements.list_active_for(reported)}
+            for cluster, statuses in polled.items():
+                for st in statuses:
+                    rec = active.get(st.workload_id)
+                    there = rec is not None and cluster in {
+                        a.cluster for a in rec.placement.assignments}
+                    if not there:
+                        if (rec is not None and cluster not in edge
+                                and st.phase in (WorkloadPhase.PENDING, WorkloadPhase.RUNNING)
+                                and (st.workload_id, cluster) not in self._migrating):
+                            orphans.append((cluster, st.workload_id))  # re-placed elsewhere
+                        continue
+                    if rec is None or not rec.dispatched:
+                        continue
+                    change = await self._judge(uow, cluster, st, now)
+                    if change is not None:
+                        changes.append(change)
+            await uow.workloads.transition_many(changes, _ALLOWED_FROM)
         return orphans
 
-    async def _delete_orphans(self, cluster: str, driver: ClusterDriver,
-                              orphans: list[str]) -> None:
-        """Remove replicas a recovered cluster still runs for workloads now placed elsewhere."""
-        for wid in orphans:
-            try:
-                await asyncio.wait_for(driver.delete(workload_id=wid), self._timeout_s)
-            except (ProviderError, TimeoutError) as exc:
-                log.warning("cannot delete orphan %s on %s: %s", wid, cluster, exc)
-                continue
-            self.orphans_deleted.append((cluster, wid))
+    async def _judge(self, uow: UnitOfWork, cluster: str, st: DriverStatus,
+                     now: float) -> tuple[str, WorkloadStatus, str] | None:
+        """The status change one report asks for (None: none); requeues the stuck."""
+        key = (cluster, st.workload_id)
+        if st.phase is WorkloadPhase.PENDING and st.ready_replicas < st.desired_replicas:
+            since = self._not_ready_since.setdefault(key, now)
+            if now - since >= self._stuck_after_s:
+                await uow.workloads.requeue(
+                    st.workload_id, reason=f"replicas not ready on {cluster} for "
+                                           f"{now - since:.0f}s: {st.message}")
+                self.requeued.append(st.workload_id)
+                self._not_ready_since.pop(key, None)
+            return None
+        self._not_ready_since.pop(key, None)
+        target = _PHASE_TO_STATUS.get(st.phase)
+        return None if target is None else (st.workload_id, target, st.message)
+
+    async def _delete_orphan(self, cluster: str, wid: str) -> None:
+        """Remove replicas a recovered cluster still runs for a workload now placed elsewhere."""
+        driver = self._drivers.get(cluster)
+        if driver is None:
+            return
+        try:
+            await asyncio.wait_for(driver.delete(workload_id=wid), self._timeout_s)
+        except (ProviderError, TimeoutError) as exc:
+            log.warning("cannot delete orphan %s on %s: %s", wid, cluster, exc)
+            return
+        self.orphans_deleted.append((cluster, wid))
 
     async def _failover(self, edge: set[str]) -> None:
         """Requeue everything active on an unhealthy cluster (the LP re-places it), and what
         the hub does not serve on a site the hub declared down."""
         async with self._store.unit() as uow:
-            sick = [c.name for c in await uow.clusters.list()
-                    if not c.healthy and c.name not in edge]
+            sick = [c for c in await uow.clusters.unhealthy() if c not in edge]
             down = {s.name for s in await uow.sites.list() if s.health is SiteHealth.DOWN}
             for cluster in [*sick, *sorted(down)]:
                 recs = await uow.placements.list_active_on_cluster(cluster)
@@ -193,9 +238,14 @@ class Reconciler(PollingLoop):
                             is not None and not hub_serves(w)]
                 for rec in recs:
                     await uow.workloads.requeue(rec.placement.workload_id,
-                                                reason=f"cluster {cluster} is unhealthy")
+                                                reason=f"cluster {cluster} is unhealthy",
+                                                displaced_from=cluster)
                     self.requeued.append(rec.placement.workload_id)
+                    FAILOVERS.labels("reconciler").inc()
 
 
 def make_reconciler(rt: Runtime) -> Reconciler:
-    return Reconciler(rt.store, rt.drivers, rt.clock)
+    """The reconciler on `[reconciler]` settings; the dispatcher wakes it (`wake_for`)."""
+    s = rt.settings.reconciler
+    return Reconciler(rt.store, rt.drivers, rt.clock, poll_s=s.poll_s, down_after=s.down_after,
+                      stuck_after_s=s.stuck_after_s)

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 from broker.clock import Clock
 from broker.settings import Settings
 from broker.store import Store
-from providers.base import ClusterDriver
+from providers.base import CloudProvider, ClusterDriver
 
 if TYPE_CHECKING:
+    from broker.federation.actuator import Actuator
     from broker.federation.dispatcher import Dispatcher
     from broker.federation.drivers import DriverRefreshLoop, DriverRegistry
     from broker.federation.edge_hub import EdgeHub
@@ -60,12 +61,16 @@ class Runtime:
     # registered clusters -> drivers; set by `install_drivers` / `registry_of`
     driver_registry: DriverRegistry | None = None
     drivers_refresh_s: float = DEFAULT_DRIVERS_REFRESH_S  # driver registry refresh interval
+    # provider accounts by name (`[sync] accounts_file`), filled by `make_quota_sync`: quota
+    # sync reads them, the actuator scales declared node groups through them
+    accounts: dict[str, CloudProvider] = field(default_factory=dict)
     # the loops, set by `broker.app.build_loops` (None: not built, or off by settings)
     quota_sync: QuotaSync | None = None
     telemetry: TelemetryLoop | None = None  # `.latest`: the newest values per cluster
     inventory: InventoryPoller | None = None  # every driver's nodes into the store
     placement_loop: PlacementLoop | None = None  # `.wake()` solves now
     dispatcher: Dispatcher | None = None
+    actuator: Actuator | None = None  # carries out scale, prewarm, migration decisions
     reconciler: Reconciler | None = None
     driver_refresh: DriverRefreshLoop | None = None
     edge_hub: EdgeHub | None = None  # also the EdgeTransport of every edge site's driver
@@ -84,5 +89,6 @@ class Runtime:
     def loops(self) -> list[Loop]:
         """The loops that were built, in start order."""
         built = (self.quota_sync, self.telemetry, self.inventory, self.placement_loop,
-                 self.dispatcher, self.reconciler, self.driver_refresh, self.edge_hub)
+                 self.dispatcher, self.actuator, self.reconciler, self.driver_refresh,
+                 self.edge_hub)
         return [lp for lp in built if lp is not None]

@@ -38,6 +38,7 @@ from broker.domain import (
     Workload,
     WorkloadStatus,
 )
+from broker.federation.decision_log import ordered_nodes
 from broker.federation.quarantine import Quarantine
 from broker.placement.commitments import committed_usage
 from broker.placement.network import NetworkCatalog, batch_maps, cluster_pairs
@@ -90,6 +91,7 @@ class Readings:
     workloads: Mapping[str, Workload] = field(default_factory=dict)
     demand: Mapping[Pair, tuple[float, float, float]] = field(default_factory=dict)
     tenants: tuple[Any, ...] = ()
+    ordered: Mapping[Pair, int] | None = None  # nodes on order (open scale decisions)
 
 
 def _member(rec: ClusterRecord) -> Member:
@@ -153,8 +155,12 @@ def rtts_of(sites: Sequence[SiteRecord], aliases: Mapping[str, str]) -> tuple[Rt
 
 
 async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
-               running: bool = True) -> Readings:
-    """One consistent read of every sensor (see the module docstring)."""
+               running: bool = True, cache: RunningCache | None = None,
+               orders: bool = False) -> Readings:
+    """One consistent read of every sensor (see the module docstring).
+
+    `cache` (the placement loop's) reads each active placement and running spec once;
+    `orders` adds the nodes on order (the actuator's open scale decisions)."""
     now = uow.now
     clusters = tuple(await uow.clusters.list_records())
     sites = tuple(await uow.sites.list_records())
@@ -162,15 +168,53 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
     prices = await _prices(uow, clusters)
     quotas = await _quotas(uow, clusters)
     placed: list[Placement] = []
-    if running:
-        placed = [r.placement for r in await uow.placements.list_active()]
-    ids = {p.workload_id for p in placed}
-    workloads = await uow.workloads.get_many(sorted(ids)) if ids else {}
+    workloads: dict[str, Workload] = {}
+    if running and cache is not None:
+        placed, workloads = await cache.read(uow)
+    elif running:
+        placed = [r.placement for r in await uow.placements.list_active(decisions=False)]
+        ids = {p.workload_id for p in placed}
+        workloads = await uow.workloads.get_many(sorted(ids)) if ids else {}
+    ordered = ordered_nodes(await uow.decisions.list_open(kinds=("scale", "prewarm"))) \
+        if orders else None
     return Readings(now_s=now, clusters=clusters, sites=sites, inventory=inventory,
                     prices=prices, quotas=quotas, pending=tuple(pending),
                     running=tuple(placed), workloads=workloads,
                     demand=await uow.demand.list() if running else {},
-                    tenants=tuple(await uow.tenants.list()))
+                    tenants=tuple(await uow.tenants.list()), ordered=ordered)
+
+
+class RunningCache:
+    """The active placements and their workloads, each read from the store once.
+
+    A placement row's assignments and a workload's spec never change once written, so an
+    epoch reads only the ids (with each workload's current status) and fetches what it has
+    not seen; what stopped running is forgotten. Saves re-reading thousands of rows (and
+    their JSON) every epoch.
+    """
+
+    def __init__(self) -> None:
+        self._placements: dict[str, Placement] = {}
+        self._workloads: dict[str, Workload] = {}
+
+    async def read(self, uow: UnitOfWork) -> tuple[list[Placement], dict[str, Workload]]:
+        ids = await uow.placements.active_ids()
+        new_p = [pid for pid, _, _ in ids if pid not in self._placements]
+        if new_p:
+            self._placements.update({r.id: r.placement
+                                     for r in await uow.placements.get_plain_many(new_p)})
+        new_w = [wid for _, wid, _ in ids if wid not in self._workloads]
+        if new_w:
+            self._workloads.update(await uow.workloads.get_many(new_w))
+        self._placements = {pid: self._placements[pid] for pid, _, _ in ids
+                            if pid in self._placements}
+        workloads: dict[str, Workload] = {}
+        for _, wid, status in ids:
+            w = self._workloads.get(wid)
+            if w is not None:
+                workloads[wid] = w if w.status is status else replace(w, status=status)
+        self._workloads = workloads
+        return list(self._placements.values()), dict(workloads)
 
 
 async def _prices(uow: UnitOfWork, clusters: Sequence[ClusterRecord]
@@ -256,7 +300,7 @@ class SnapshotReader:
             workloads=r.workloads, replicas=replica_counts(r.running, r.workloads),
             demand={k: (decayed(c, at, r.now_s, tau), decayed(g, at, r.now_s, tau))
                     for k, (c, g, at) in r.demand.items()},
-            tenants=r.tenants)
+            tenants=r.tenants, ordered=r.ordered)
         if not network:
             return inputs
         clusters = [m.cluster for m in members_of(inputs)]
@@ -280,18 +324,29 @@ class SnapshotReader:
     async def pending_snapshot(self, store: Store, *, batch_max: int,
                                quarantine: Quarantine | None = None
                                ) -> FederationSnapshot | None:
-        """The placement loop's epoch: None when nothing is pending. Clusters the merge
+        """The pending batch's snapshot: None when nothing is pending. Clusters the merge
         leaves out as absurd are reported through `quarantine` (events, once each)."""
+        got = await self.epoch(store, batch_max=batch_max, quarantine=quarantine,
+                               idle=False)
+        return None if got is None else got[0]
+
+    async def epoch(self, store: Store, *, batch_max: int,
+                    quarantine: Quarantine | None = None, idle: bool = True,
+                    cache: RunningCache | None = None
+                    ) -> tuple[FederationSnapshot, Readings] | None:
+        """The placement loop's epoch: the snapshot (with the nodes on order) and what it
+        was merged from. None when nothing is pending and (`idle`) nothing runs either:
+        running work alone still gets epochs, the planner may move it or free its nodes."""
         async with store.unit() as uow:
             pending = await uow.workloads.list_pending(limit=batch_max)
-            if not pending:
+            if not pending and (not idle or not await uow.placements.active_ids()):
                 return None
-            r = await read(uow, pending=pending)
+            r = await read(uow, pending=pending, cache=cache, orders=True)
         snap, bad = merge_screened(self.inputs(r), self.merge_settings)
         if quarantine is not None and quarantine.changed(bad):
             async with store.unit() as uow:
                 await quarantine.record(uow, bad)
-        return snap
+        return snap, r
 
     async def whatif_snapshot(self, store: Store, placement_id: str, *, tenant: str | None
                               ) -> tuple[FederationSnapshot, Any]:

@@ -16,6 +16,15 @@ For the same reason the nodes a placement ordered count only while its workload 
 running yet: by then the observed node count (driver inventory) includes them.
 Only the resources a placement requested are counted (replicas x per-replica
 request), never limits.
+
+Nodes on order: the live loop passes `ordered` (cluster, pool) -> node count the
+actuator has ordered and not yet seen join (its open scale decisions), and then
+
+    nodes'[pool] = min(max_nodes, max(observed nodes, ordered[pool]))
+
+instead of adding every active placement's `new_nodes`: once the nodes joined, the
+pool's own count includes them, so adding the placements' orders again would
+count them twice. Without `ordered` the placements' `new_nodes` stand in for it.
 """
 
 from __future__ import annotations
@@ -46,26 +55,31 @@ def committed_usage(
 
 def with_commitments(
     clusters: Iterable[Cluster], placements: Iterable[Placement],
-    workloads: Mapping[str, Workload],
+    workloads: Mapping[str, Workload], *,
+    ordered: Mapping[tuple[str, str], int] | None = None,
 ) -> tuple[Cluster, ...]:
     """Clusters whose pools count every active placement (see module docstring)."""
-    used, ordered = committed_usage(placements, workloads)
+    used, new_nodes = committed_usage(placements, workloads)
+    orders = new_nodes if ordered is None else ordered
     out: list[Cluster] = []
     for c in clusters:
-        if not any((c.name, p.name) in used or (c.name, p.name) in ordered for p in c.pools):
+        if not any((c.name, p.name) in used or (c.name, p.name) in orders for p in c.pools):
             out.append(c)  # nothing committed here: the same value
             continue
         pools: list[Pool] = []
         for pool in c.pools:
             key = (c.name, pool.name)
-            if key not in used and key not in ordered:
+            if key not in used and key not in orders:
                 pools.append(pool)
                 continue
             mine = used.get(key, Resources())
             new_used = Resources(max(pool.used.cpu, mine.cpu),
                                  max(pool.used.memory_gib, mine.memory_gib),
                                  max(pool.used.gpu, mine.gpu))
-            nodes = min(pool.max_nodes, max(pool.nodes, pool.nodes + ordered.get(key, 0)))
+            if ordered is not None:
+                nodes = min(pool.max_nodes, max(pool.nodes, ordered.get(key, 0)))
+            else:
+                nodes = min(pool.max_nodes, max(pool.nodes, pool.nodes + new_nodes.get(key, 0)))
             # Enough nodes to hold what is committed, even if no order was recorded.
             nodes = max(nodes, _nodes_needed(new_used, pool.node))
             free_gpu = max(0, pool.node.gpu * nodes - new_used.gpu)

@@ -166,6 +166,10 @@ class MergeInputs:
     # Requests to take off the observed usage per (cluster, pool): a what-if asks about a
     # running workload as if it were not there yet (its own replicas are in the inventory).
     released: Mapping[Pair, Resources] = field(default_factory=dict)
+    # Nodes on order per (cluster, pool), not yet joined (the live actuator's open scale
+    # decisions): they count instead of the placements' `new_nodes` (commitments.py).
+    # None: the placements' `new_nodes` stand in for them (the twin).
+    ordered: Mapping[Pair, int] | None = None
     tenants: tuple[Tenant, ...] = ()
     user_regions: tuple[UserRegion, ...] = ()
     user_rtt_ms: Mapping[Pair, float] = field(default_factory=dict)  # catalog: user -> region
@@ -378,7 +382,8 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
     members = members_of(inputs)
     clusters = [merge_cluster(m, inputs, settings) for m in members]
     merged, bad = partition(clusters) if settings.screen else (clusters, {})
-    committed = with_commitments(merged, inputs.running, inputs.workloads)
+    committed = with_commitments(merged, inputs.running, inputs.workloads,
+                                 ordered=inputs.ordered)
     sites = {c.name for c in committed if c.is_edge}
     users, peers = measured_rtts(inputs, settings, sites)
     return FederationSnapshot(

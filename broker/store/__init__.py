@@ -31,11 +31,15 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   replay(tenant=, idempotency_key=, request_sha256=) -> WorkloadRecord
                   get(id, tenant=None) -> WorkloadRecord
                   list(tenant=, status=None, limit=50, cursor=None) -> Page[WorkloadRecord]
-                  list_pending(limit=500) -> list[Workload]   # all tenants, priority desc, oldest
+                  list_pending(limit=500) -> list[Workload]   # all tenants, priority desc, oldest;
+                                                  # not those backing off (not_before_s > now)
+                  set_retry(id, attempts=, last_attempt_s=, not_before_s=)   # planner.Retry
                   list_by_status([statuses], limit=1000) -> list[WorkloadRecord]
                   set_status(id, status, message="", event_data=None)   # + event workload.<status>
                   cancel(id, tenant=) -> WorkloadRecord                  # idempotent, + event
-                  requeue(id, reason=)    # back to pending, active placement retired, + event
+                  requeue(id, reason=, displaced_from=None)  # back to pending, placement
+                                          # retired, + event; remembers the failed cluster
+                  displaced(ids) -> {id: clusters} ; clear_displaced(id)
   uow.placements  record(placement, status=PLACED, message="", demand_tau_s=None)
                         -> placement_id | None
                         # retires the previous active placement, sets workload status, + event;
@@ -43,7 +47,7 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                         # with demand_tau_s, counts its requests into each pool's demand EWMA
                   get(id, tenant=None) -> PlacementRecord
                   get_active_for_workload(workload_id) -> PlacementRecord | None
-                  list_undispatched(limit=500) -> list[PlacementRecord]
+                  list_undispatched(limit=500) -> list[PlacementRecord]  # no decision records
                   mark_dispatched(id)                  # idempotent, + event placement.dispatched
                   record_dispatch_failure(id, error) -> attempts
                   list_active_on_cluster(cluster) -> list[PlacementRecord]  # placed/running
@@ -82,6 +86,10 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   list() -> {(cluster, pool): (cpu/s, gpu/s, at_s)}
   uow.events      append(kind, subject, data=None, tenant=None, ts=None)   # append-only
                   list(tenant=None, after_id=0, limit=100, kind=None, subject=None)
+  uow.decisions   add(kind=, key=, spec=, tenant=None, cluster="", pool="", workload_id="")
+                  get(id) ; list_open(kinds=None) ; list_due(limit=200) ; list(kind=, ...)
+                  set_state(id, state, step=, error=, not_before_s=, attempt=, spec=)
+                  supersede(key=, before_id=) -> ids   # the actuator's durable work queue
   uow.tenants     ensure(name, budget_usd_per_hour=None) ; get(name) ; list()
   uow.tokens      create(tenant=, is_admin=False, description="", token=None) -> (id, token)
                   resolve(token) -> Principal | None ; has_admin() ; revoke(token_id)
@@ -102,6 +110,7 @@ from __future__ import annotations
 from broker.store.records import (
     AccountState,
     ClusterRecord,
+    DecisionRecord,
     Event,
     InventoryRecord,
     Page,
@@ -116,6 +125,7 @@ from broker.store.uow import Store, UnitOfWork
 __all__ = [
     "AccountState",
     "ClusterRecord",
+    "DecisionRecord",
     "Event",
     "InventoryRecord",
     "Page",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import insert, or_, select
@@ -27,6 +27,14 @@ class EventRepo:
         await self._s.execute(_INSERT, {
             "ts": self._now if ts is None else ts, "tenant": tenant, "kind": kind,
             "subject": subject, "data": dict(data or {})})
+
+    async def append_many(self, events: Sequence[tuple[str, str, Mapping[str, Any],
+                                                       str | None]]) -> None:
+        """Append (kind, subject, data, tenant) events in one statement (executemany)."""
+        if events:
+            await self._s.execute(_INSERT, [
+                {"ts": self._now, "tenant": tenant, "kind": kind, "subject": subject,
+                 "data": dict(data)} for kind, subject, data, tenant in events])
 
     async def list(self, *, tenant: str | None = None, after_id: int = 0, limit: int = 100,
                    kind: str | None = None, subject: str | None = None,

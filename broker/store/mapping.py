@@ -125,7 +125,8 @@ def _camel(path: str) -> str:
 def read_workload(row: WorkloadRow) -> tuple[Workload, list[str]]:
     spec, repaired = read_spec(row.spec)
     return Workload(id=row.id, tenant=row.tenant, spec=spec,
-                    status=WorkloadStatus(row.status), submitted_s=row.submitted_s), repaired
+                    status=WorkloadStatus(row.status), submitted_s=row.submitted_s,
+                    attempts=row.attempts or 0, last_attempt_s=row.last_attempt_s), repaired
 
 
 def workload_from_row(row: WorkloadRow) -> Workload:

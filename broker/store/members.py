@@ -79,6 +79,16 @@ class ClusterRepo:
             q = q.where(ClusterRow.tenant == tenant)
         return await self._records(list((await self._s.scalars(q)).all()))
 
+    async def edge_names(self) -> builtins.list[str]:
+        """Names of the clusters registered with provider `edge` (the edge hub's)."""
+        q = select(ClusterRow.name).where(ClusterRow.provider == "edge")
+        return [str(n) for n in (await self._s.scalars(q)).all()]
+
+    async def unhealthy(self) -> builtins.list[str]:
+        """Names of the clusters marked unhealthy (the reconciler's failover reads it)."""
+        q = select(ClusterRow.name).where(ClusterRow.healthy.is_(False)).order_by(ClusterRow.name)
+        return [str(n) for n in (await self._s.scalars(q)).all()]
+
     async def list(self, *, tenant: str | None = None) -> builtins.list[Cluster]:
         """Clusters with their pools as `broker.domain.Cluster` values (for placement)."""
         return [r.cluster for r in await self.list_records(tenant=tenant)]

@@ -226,6 +226,14 @@ class WorkloadRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     submitted_s: Mapped[float] = mapped_column(Float)
     updated_s: Mapped[float] = mapped_column(Float)
+    # The planner's retry/backoff state (planner.Retry): epochs that left it unplaced, when
+    # the last was, and before when it is not tried again (NULL: now).
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_attempt_s: Mapped[float | None] = mapped_column(Float)
+    not_before_s: Mapped[float | None] = mapped_column(Float)
+    # Clusters a failover moved it off (the reconciler): a "recovered" migration may take
+    # it back there once they are healthy; cleared when it moved back.
+    displaced_from: Mapped[list[Any] | None] = mapped_column()
 
 
 class PlacementRow(Base):
@@ -247,6 +255,37 @@ class PlacementRow(Base):
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     dispatched: Mapped[bool] = mapped_column(Boolean, default=False)
     dispatch_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str] = mapped_column(Text, default="")
+    created_s: Mapped[float] = mapped_column(Float)
+    updated_s: Mapped[float] = mapped_column(Float)
+
+
+class DecisionRow(Base):
+    """One non-placement decision of an epoch (scale, scale-in, prewarm, migration), written
+    with the epoch's placements in one transaction and carried out by the actuator.
+
+    `state`: pending -> running -> done | refused | failed | superseded; `step` is the
+    progress inside a multi-step decision (a migration: started, ready, switched), so an
+    actuator that crashed resumes where it stopped. `key` names what the decision acts on
+    (`pool:<cluster>/<pool>`, `workload:<id>`): a newer pending decision supersedes an older
+    one with the same key.
+    """
+
+    __tablename__ = "decisions"
+    __table_args__ = (Index("ix_decisions_state_id", "state", "id"),
+                      Index("ix_decisions_key_state", "key", "state"))
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(400))
+    tenant: Mapped[str | None] = mapped_column(String(64))
+    cluster: Mapped[str] = mapped_column(String(128), default="")
+    pool: Mapped[str] = mapped_column(String(128), default="")
+    workload_id: Mapped[str] = mapped_column(String(40), default="")
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    state: Mapped[str] = mapped_column(String(16))
+    step: Mapped[str] = mapped_column(String(32), default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    not_before_s: Mapped[float | None] = mapped_column(Float)
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_s: Mapped[float] = mapped_column(Float)
     updated_s: Mapped[float] = mapped_column(Float)

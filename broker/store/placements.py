@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, Table, bindparam, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from broker.domain import Placement, WorkloadStatus
@@ -29,6 +29,12 @@ from broker.store.records import PlacementRecord
 
 LIVE = (str(WorkloadStatus.PLACED), str(WorkloadStatus.RUNNING))
 _FINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.CANCELLED})
+_CHUNK = 500  # ids per IN (...): under every backend's bind-parameter limit
+_INSERT = insert(PlacementRow.__table__)  # type: ignore[arg-type]
+_W = cast(Table, WorkloadRow.__table__)
+_SET_PLACED = (update(_W).where(_W.c.id == bindparam("wid"))
+               .values(status=bindparam("st"), placement_id=bindparam("pid"),
+                       message=bindparam("msg"), updated_s=bindparam("now")))
 
 
 def new_placement_id() -> str:
@@ -135,6 +141,74 @@ class PlacementRepo:
             "cause": cause}, tenant=old.tenant)
         return pid
 
+    async def record_many(self, items: Sequence[tuple[Placement, str]], *,
+                          status: WorkloadStatus = WorkloadStatus.PLACED,
+                          demand_tau_s: float | None = None) -> dict[str, str]:
+        """`record` for a whole epoch in a few statements; workload id -> placement id.
+
+        The same contract per item (placement, message): workloads cancelled or finished
+        meanwhile are skipped (their rows are locked first, so a concurrent cancel either
+        wins or waits); with `demand_tau_s`, the requests count into each pool's demand
+        EWMA (one update per pool). One lock query, one retire, one insert, one status
+        update and one event insert (each batched), instead of five round trips per
+        placement.
+        """
+        live: dict[str, str] = {}  # workload id -> tenant
+        requests: dict[str, tuple[float, float]] = {}  # workload id -> (cpu, gpu) per replica
+        ids = [p.workload_id for p, _ in items]
+        for i in range(0, len(ids), _CHUNK):
+            q = (select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant, WorkloadRow.spec)
+                 .where(WorkloadRow.id.in_(ids[i:i + _CHUNK])).with_for_update())
+            for wid, st, tenant, spec in (await self._s.execute(q)).all():
+                if WorkloadStatus(st) not in _FINAL:
+                    live[wid] = tenant
+                    res = (spec or {}).get("resources") or {}
+                    requests[wid] = (float(res.get("cpu", 0.0)), float(res.get("gpu", 0)))
+        todo = [(p, m) for p, m in items if p.workload_id in live]
+        if not todo:
+            return {}
+        wids = [p.workload_id for p, _ in todo]
+        for i in range(0, len(wids), _CHUNK):
+            await self._s.execute(update(PlacementRow).where(
+                PlacementRow.workload_id.in_(wids[i:i + _CHUNK]),
+                PlacementRow.active.is_(True)).values(active=False, updated_s=self._now))
+        out: dict[str, str] = {}
+        rows, marks, events = [], [], []
+        for p, message in todo:
+            pid = out[p.workload_id] = new_placement_id()
+            clusters = sorted({a.cluster for a in p.assignments})
+            rows.append({"id": pid, "workload_id": p.workload_id, "tenant": live[p.workload_id],
+                         "assignments": assignments_to_json(p.assignments),
+                         "clusters_csv": "," + ",".join(clusters) + ("," if clusters else ""),
+                         "cost_usd_per_hour": p.cost_usd_per_hour, "rtt_ms": p.rtt_ms,
+                         "decision": dict(p.decision), "active": True, "dispatched": False,
+                         "dispatch_attempts": 0, "last_error": "", "created_s": self._now,
+                         "updated_s": self._now})
+            marks.append({"wid": p.workload_id, "st": str(status), "pid": pid, "msg": message,
+                          "now": self._now})
+            events.append((f"workload.{status}", p.workload_id,
+                           {"placement": pid, "clusters": clusters,
+                            "cost_usd_per_hour": p.cost_usd_per_hour}, live[p.workload_id]))
+        await self._s.execute(_INSERT, rows)
+        await self._s.execute(_SET_PLACED, marks)
+        await self._events.append_many(events)
+        if demand_tau_s is not None:
+            await self._add_demand(todo, requests, demand_tau_s)
+        return out
+
+    async def _add_demand(self, todo: Sequence[tuple[Placement, str]],
+                          requests: Mapping[str, tuple[float, float]], tau_s: float) -> None:
+        """The pools' demand EWMA (placement/observed.py), summed per pool for the batch."""
+        per_pool: dict[tuple[str, str], tuple[float, float]] = {}
+        for p, _ in todo:
+            cpu, gpu = requests.get(p.workload_id, (0.0, 0.0))
+            for a in p.assignments:
+                c, g = per_pool.get((a.cluster, a.pool), (0.0, 0.0))
+                per_pool[(a.cluster, a.pool)] = (c + cpu * a.replicas, g + gpu * a.replicas)
+        demand = DemandRepo(self._s, self._now)
+        for (cluster, pool), (cpu, gpu) in sorted(per_pool.items()):
+            await demand.add(cluster, pool, cpu=cpu, gpu=gpu, tau_s=tau_s)
+
     async def get(self, placement_id: str, *, tenant: str | None = None) -> PlacementRecord:
         return _record(await self._row(placement_id, tenant))
 
@@ -149,7 +223,7 @@ class PlacementRepo:
              .where(PlacementRow.active.is_(True), PlacementRow.dispatched.is_(False),
                     WorkloadRow.status == str(WorkloadStatus.PLACED))
              .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
-        return [_record(r) for r in (await self._s.scalars(q)).all()]
+        return await self._plain(q)  # the dispatcher needs no decision records
 
     async def mark_dispatched(self, placement_id: str) -> None:
         """Idempotent: marking twice is the same as once."""
@@ -161,6 +235,22 @@ class PlacementRepo:
             row.updated_s = self._now
             await self._events.append("placement.dispatched", row.workload_id,
                                       {"placement": row.id}, tenant=row.tenant)
+
+    async def mark_dispatched_many(self, placement_ids: Sequence[str]) -> int:
+        """`mark_dispatched` for many: one update and one (batched) event insert per chunk."""
+        done = 0
+        ids = list(placement_ids)
+        for i in range(0, len(ids), _CHUNK):
+            q = (update(PlacementRow).where(PlacementRow.id.in_(ids[i:i + _CHUNK]),
+                                            PlacementRow.dispatched.is_(False))
+                 .values(dispatched=True, dispatch_attempts=PlacementRow.dispatch_attempts + 1,
+                         last_error="", updated_s=self._now)
+                 .returning(PlacementRow.id, PlacementRow.workload_id, PlacementRow.tenant))
+            rows = (await self._s.execute(q)).all()
+            await self._events.append_many([("placement.dispatched", wid, {"placement": pid},
+                                             tenant) for pid, wid, tenant in rows])
+            done += len(rows)
+        return done
 
     async def record_dispatch_failure(self, placement_id: str, error: str) -> int:
         """Count a failed apply; returns the attempts so far."""
@@ -178,12 +268,64 @@ class PlacementRepo:
              .order_by(PlacementRow.created_s, PlacementRow.id))
         return [_record(r) for r in (await self._s.scalars(q)).all()]
 
-    async def list_active(self, *, limit: int = 10_000) -> list[PlacementRecord]:
-        """Every active placement of a placed/running workload (the `running` snapshot)."""
+    async def active_ids(self) -> list[tuple[str, str, WorkloadStatus]]:
+        """(placement id, workload id, workload status) of every active placement of a
+        placed/running workload: the cheap half of `list_active`, for callers that cache
+        placements and specs by id (neither changes once written)."""
+        q = (select(PlacementRow.id, PlacementRow.workload_id, WorkloadRow.status)
+             .join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
+             .where(PlacementRow.active.is_(True), WorkloadRow.status.in_(LIVE))
+             .order_by(PlacementRow.created_s, PlacementRow.id))
+        return [(str(p), str(w), WorkloadStatus(st))
+                for p, w, st in (await self._s.execute(q)).all()]
+
+    async def get_plain_many(self, placement_ids: Sequence[str]) -> list[PlacementRecord]:
+        """Placements by id, without their decision records."""
+        out: list[PlacementRecord] = []
+        ids = list(placement_ids)
+        for i in range(0, len(ids), _CHUNK):
+            out += await self._plain(select(PlacementRow).where(
+                PlacementRow.id.in_(ids[i:i + _CHUNK])))
+        return out
+
+    async def list_active_for(self, workload_ids: Sequence[str]) -> list[PlacementRecord]:
+        """The active placements (without decision records) of these workloads, if live."""
+        out: list[PlacementRecord] = []
+        ids = list(dict.fromkeys(workload_ids))
+        for i in range(0, len(ids), _CHUNK):
+            q = (select(PlacementRow)
+                 .join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
+                 .where(PlacementRow.active.is_(True), WorkloadRow.status.in_(LIVE),
+                        PlacementRow.workload_id.in_(ids[i:i + _CHUNK])))
+            out += await self._plain(q)
+        return out
+
+    async def list_active(self, *, limit: int = 10_000,
+                          decisions: bool = True) -> list[PlacementRecord]:
+        """Every active placement of a placed/running workload (the `running` snapshot).
+
+        `decisions=False` leaves the (large) decision records out: `placement.decision` is
+        then empty, which is all the planner's snapshot needs.
+        """
         q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
              .where(PlacementRow.active.is_(True), WorkloadRow.status.in_(LIVE))
              .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
+        if not decisions:
+            return await self._plain(q)
         return [_record(r) for r in (await self._s.scalars(q)).all()]
+
+    async def _plain(self, q: Select[Any]) -> list[PlacementRecord]:
+        """Active placements of `q` as plain rows without their decision records (which
+        are large): no ORM objects, for the loops that read many every pass."""
+        cols = (PlacementRow.id, PlacementRow.tenant, PlacementRow.workload_id,
+                PlacementRow.assignments, PlacementRow.cost_usd_per_hour, PlacementRow.rtt_ms,
+                PlacementRow.dispatched, PlacementRow.dispatch_attempts, PlacementRow.last_error,
+                PlacementRow.created_s, PlacementRow.updated_s)
+        rows = (await self._s.execute(q.with_only_columns(*cols))).all()
+        return [PlacementRecord(
+            id=r[0], tenant=r[1], placement=placement_from_values(r[2], r[3], r[4], r[5], {}),
+            active=True, dispatched=r[6], dispatch_attempts=r[7], last_error=r[8],
+            created_s=r[9], updated_s=r[10]) for r in rows]
 
     async def list_to_withdraw(self, *, limit: int = 500) -> list[PlacementRecord]:
         """Dispatched, still-active placements whose workload was cancelled: delete them."""
@@ -191,7 +333,7 @@ class PlacementRepo:
              .where(PlacementRow.active.is_(True), PlacementRow.dispatched.is_(True),
                     WorkloadRow.status == str(WorkloadStatus.CANCELLED))
              .order_by(PlacementRow.created_s).limit(limit))
-        return [_record(r) for r in (await self._s.scalars(q)).all()]
+        return await self._plain(q)
 
     async def retire(self, placement_id: str) -> None:
         """Make a placement inactive (withdrawn or superseded); idempotent."""

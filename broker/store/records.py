@@ -96,6 +96,27 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One stored non-placement decision (models.DecisionRow) and the actuator's progress."""
+
+    id: int
+    kind: str  # scale | scale_in | prewarm | migration
+    key: str
+    tenant: str | None
+    cluster: str
+    pool: str
+    workload_id: str
+    spec: Mapping[str, Any]
+    state: str  # pending | running | done | refused | failed | superseded
+    step: str = ""
+    attempts: int = 0
+    not_before_s: float | None = None
+    last_error: str = ""
+    created_s: float = 0.0
+    updated_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     """One page of a list; pass `next_cursor` back to get the next (None: last page)."""
 

@@ -25,6 +25,7 @@ from broker.clock import Clock, SystemClock
 from broker.domain import WorkloadSpec
 from broker.store import fastpath
 from broker.store.auth import TenantRepo, TokenRepo
+from broker.store.decisions import DecisionRepo
 from broker.store.engine import create_engine, mapped_errors, parse_store_url
 from broker.store.events import EventRepo
 from broker.store.inventory import DemandRepo, InventoryRepo
@@ -53,6 +54,7 @@ class UnitOfWork:
         self.quotas = QuotaRepo(session, now, self.events)
         self.inventory = InventoryRepo(session, now)
         self.demand = DemandRepo(session, now)
+        self.decisions = DecisionRepo(session, now)
 
 
 class Store:

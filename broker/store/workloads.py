@@ -12,9 +12,9 @@ import base64
 import builtins
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import Table, bindparam, func, insert, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from broker.domain import Workload, WorkloadSpec, WorkloadStatus
@@ -52,6 +52,15 @@ INSERT INTO events (ts, tenant, kind, subject, data)
 SELECT :submitted_s, tenant, 'workload.submitted', id, CAST(:edata AS JSONB) FROM w
 RETURNING subject
 """)
+
+
+_W = cast(Table, WorkloadRow.__table__)
+_SET_RETRY = (update(_W).where(_W.c.id == bindparam("wid"))
+              .values(attempts=bindparam("n"), last_attempt_s=bindparam("last"),
+                      not_before_s=bindparam("nb")))
+_SET_STATUS = (update(_W).where(_W.c.id == bindparam("wid"))
+               .values(status=bindparam("st"), message=bindparam("msg"),
+                       updated_s=bindparam("now")))
 
 
 def new_workload_id() -> str:
@@ -172,11 +181,61 @@ class WorkloadRepo:
         return Page(items=tuple(_record(r) for r in rows), next_cursor=nxt)
 
     async def list_pending(self, *, limit: int = 500) -> builtins.list[Workload]:
-        """Pending workloads of every tenant: highest priority first, then oldest."""
-        q = (select(WorkloadRow).where(WorkloadRow.status == str(WorkloadStatus.PENDING))
+        """Pending workloads of every tenant: highest priority first, then oldest.
+
+        Workloads the planner told to wait (`not_before_s` after now, planner.Retry) are
+        left out until then.
+        """
+        q = (select(WorkloadRow).where(WorkloadRow.status == str(WorkloadStatus.PENDING),
+                                       or_(WorkloadRow.not_before_s.is_(None),
+                                           WorkloadRow.not_before_s <= self._now))
              .order_by(WorkloadRow.priority.desc(), WorkloadRow.submitted_s, WorkloadRow.id)
              .limit(limit))
         return [workload_from_row(r) for r in (await self._s.scalars(q)).all()]
+
+    async def displaced(self, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """Workload id -> clusters a failover moved it off (only those with any)."""
+        out: dict[str, tuple[str, ...]] = {}
+        wanted = list(dict.fromkeys(ids))
+        for i in range(0, len(wanted), 500):
+            q = select(WorkloadRow.id, WorkloadRow.displaced_from).where(
+                WorkloadRow.id.in_(wanted[i:i + 500]), WorkloadRow.displaced_from.is_not(None))
+            for wid, where in (await self._s.execute(q)).all():
+                if where:
+                    out[str(wid)] = tuple(str(c) for c in where)
+        return out
+
+    async def clear_displaced(self, workload_id: str) -> None:
+        """It moved back (or no longer cares): forget where a failover moved it off."""
+        await self._s.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id)
+                              .values(displaced_from=None))
+
+    async def count_pending(self) -> int:
+        """How many workloads wait for placement (backing-off ones included)."""
+        q = select(func.count()).select_from(WorkloadRow).where(
+            WorkloadRow.status == str(WorkloadStatus.PENDING))
+        return int((await self._s.execute(q)).scalar() or 0)
+
+    async def next_retry_s(self) -> float | None:
+        """The earliest `not_before_s` of a pending workload that waits (None: none waits)."""
+        q = select(func.min(WorkloadRow.not_before_s)).where(
+            WorkloadRow.status == str(WorkloadStatus.PENDING),
+            WorkloadRow.not_before_s > self._now)
+        value = (await self._s.execute(q)).scalar()
+        return None if value is None else float(value)
+
+    async def set_retry(self, workload_id: str, *, attempts: int, last_attempt_s: float,
+                        not_before_s: float | None) -> None:
+        """Persist the planner's backoff for a workload it left (partly) unplaced."""
+        await self.set_retries([(workload_id, attempts, last_attempt_s, not_before_s)])
+
+    async def set_retries(self, retries: Sequence[tuple[str, int, float, float | None]]
+                          ) -> None:
+        """`set_retry` for many (workload id, attempts, last attempt, not before): one
+        batched update."""
+        if retries:
+            await self._s.execute(_SET_RETRY, [
+                {"wid": w, "n": n, "last": last, "nb": nb} for w, n, last, nb in retries])
 
     async def get_many(self, ids: Sequence[str]) -> dict[str, Workload]:
         """Workloads by id across tenants (the placement loop's commitments); unknown ids absent."""
@@ -204,6 +263,30 @@ class WorkloadRepo:
         await self._events.append(f"workload.{status}", workload_id,
                                   {"message": message, **(event_data or {})}, tenant=row.tenant)
 
+    async def transition_many(
+            self, changes: Sequence[tuple[str, WorkloadStatus, str]],
+            allowed_from: Mapping[WorkloadStatus, frozenset[WorkloadStatus]]
+    ) -> builtins.list[str]:
+        """`set_status` for many (workload id, new status, message), each only if its current
+        status is in `allowed_from[new]`: the rows are locked and read in one query, written
+        in one batched update, their events in one batched insert. Returns the ids changed."""
+        by_id = {wid: (st, msg) for wid, st, msg in changes}
+        ids = list(by_id)
+        todo: builtins.list[dict[str, Any]] = []
+        events: builtins.list[tuple[str, str, Mapping[str, Any], str | None]] = []
+        for i in range(0, len(ids), 500):
+            q = (select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
+                 .where(WorkloadRow.id.in_(ids[i:i + 500])).with_for_update())
+            for wid, current, tenant in (await self._s.execute(q)).all():
+                target, msg = by_id[wid]
+                if WorkloadStatus(current) in allowed_from.get(target, frozenset()):
+                    todo.append({"wid": wid, "st": str(target), "msg": msg, "now": self._now})
+                    events.append((f"workload.{target}", wid, {"message": msg}, tenant))
+        if todo:
+            await self._s.execute(_SET_STATUS, todo)
+            await self._events.append_many(events)
+        return [t["wid"] for t in todo]
+
     async def cancel(self, workload_id: str, *, tenant: str | None) -> WorkloadRecord:
         """Cancel (idempotent: a finished or cancelled workload is returned unchanged)."""
         row = await self._row(workload_id, tenant, lock=True)
@@ -213,16 +296,24 @@ class WorkloadRepo:
             await self._events.append("workload.cancelled", workload_id, {}, tenant=row.tenant)
         return _record(row)
 
-    async def requeue(self, workload_id: str, *, reason: str) -> None:
-        """Back to pending (e.g. its cluster failed): the active placement is retired."""
+    async def requeue(self, workload_id: str, *, reason: str,
+                      displaced_from: str | None = None) -> None:
+        """Back to pending (e.g. its cluster failed): the active placement is retired.
+
+        `displaced_from`: the failed cluster it was moved off, remembered on the workload
+        (`displaced`) so a later epoch may move it back once the cluster recovers.
+        """
         row = await self._row(workload_id, None, lock=True)
         if WorkloadStatus(row.status) in TERMINAL:
             return
+        if displaced_from is not None:
+            row.displaced_from = sorted({*(row.displaced_from or []), displaced_from})
         await self._s.execute(update(PlacementRow).where(
             PlacementRow.workload_id == workload_id, PlacementRow.active.is_(True))
             .values(active=False, updated_s=self._now))
         row.status = str(WorkloadStatus.PENDING)
         row.placement_id = None
+        row.not_before_s = None  # a failover is retried at once, whatever the backoff said
         row.message = reason
         row.updated_s = self._now
         await self._events.append("workload.requeued", workload_id, {"reason": reason},

@@ -17,9 +17,19 @@ import kmock
 import pytest
 from kubernetes import client
 
-from providers.base import ApplySpec, ClusterDriver, Interconnect, WorkloadPhase
+from providers.base import (
+    ApplySpec,
+    Capability,
+    ClusterDriver,
+    Interconnect,
+    PrewarmData,
+    PrewarmSpec,
+    WorkloadPhase,
+)
 from providers.errors import ConfigError, NotFoundError, ThrottledError, TransientError
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
+from providers.kubernetes_prewarm import copy_name, prepull_name
+from tests.contract.k8s_emulator import Emulator
 
 NS = "team-a"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
@@ -28,16 +38,9 @@ NODES = kmock.resource("", "v1", "nodes")
 DEP_RES = kmock.resource("apps", "v1", "deployments")
 
 
-class _Emulator(kmock.KubernetesEmulator):
-    async def __call__(self, raw_request: Any) -> Any:
-        if raw_request.query.get("watch") == "True":
-            raw_request = raw_request.clone(rel_url=raw_request.rel_url.update_query(watch="true"))
-        return await super().__call__(raw_request)
-
-
 @pytest.fixture
 async def k8s() -> AsyncIterator[tuple[Any, KubernetesDriver]]:
-    async with _Emulator() as k, kmock.Server(k) as srv:
+    async with Emulator() as k, kmock.Server(k) as srv:
         with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
             warnings.simplefilter("ignore", DeprecationWarning)
             k.resources.load_bundled()
@@ -88,6 +91,8 @@ async def test_apply_renders_deployment_and_is_idempotent(
         pod["tolerations"]
     assert body["metadata"]["labels"]["skyfed.io/workload-id"] == "w-1"
     assert body["metadata"]["labels"]["skyfed.io/tenant"] == "acme"
+    # A move to another pool rolls out new pods first: never below the ready replicas.
+    assert body["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert not _reqs(k, "patch")  # same spec: no patch
     await drv.apply(spec=spec(replicas=5))
     assert _reqs(k, "patch")
@@ -230,3 +235,49 @@ async def test_metrics_api_usage(k8s: tuple[Any, KubernetesDriver]) -> None:
     (usage,) = (await drv.pod_usage()).values()
     assert usage[0] == pytest.approx(0.15)
     assert usage[1] == pytest.approx(0.5)
+
+
+DS_RES = kmock.resource("apps", "v1", "daemonsets")
+JOB_RES = kmock.resource("batch", "v1", "jobs")
+_DS_READY = {"currentNumberScheduled": 2, "desiredNumberScheduled": 2, "numberMisscheduled": 0,
+             "numberReady": 2}
+
+
+def _prewarm_spec() -> PrewarmSpec:
+    return PrewarmSpec(key="prewarm:edge-1/gpu-a100/w-9", pool="gpu-a100",
+                       images=("nvcr.io/nvidia/pytorch:24.05-py3", "busybox:1.36"),
+                       data=(PrewarmData(url="https://data.example/shard-0.tar",
+                                         sha256="ab" * 32, size_gb=40),),
+                       labels={"skyfed.io/workload": "w-9"})
+
+
+async def test_prewarm_server_side_applies_a_prepull_daemonset_and_a_copy_job(
+        k8s: tuple[Any, KubernetesDriver]) -> None:
+    k, drv = k8s
+    assert Capability.PREWARM in drv.capabilities
+    spec = _prewarm_spec()
+    await drv.prewarm(spec=spec)
+    await drv.prewarm(spec=spec)  # idempotent: the same objects, applied again
+    patches = _reqs(k, "patch")
+    assert len(patches) == 4
+    assert all(r.headers["Content-Type"] == "application/apply-patch+yaml" for r in patches)
+    assert all(r.params["fieldManager"] == "skyfed" for r in patches)
+    ds = _obj(k, DS_RES, prepull_name(spec.key))
+    pod = ds["spec"]["template"]["spec"]
+    assert [c["image"] for c in pod["initContainers"]] == list(spec.images)
+    assert pod["nodeSelector"] == {"skyfed.io/pool": "gpu-a100"}
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    job = _obj(k, JOB_RES, copy_name(spec.key, 0))
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["URL"] == "https://data.example/shard-0.tar"
+    assert env["SHA"] == "ab" * 32
+    assert job["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"] == \
+        "/var/lib/skyfed/cache"
+    # Not done until the DaemonSet's pods are ready on every node and the Job succeeded.
+    assert await drv.prewarm_done(key=spec.key) is False
+    k.objects[DS_RES, NS, prepull_name(spec.key)].patch({"status": _DS_READY})
+    assert await drv.prewarm_done(key=spec.key) is False
+    k.objects[JOB_RES, NS, copy_name(spec.key, 0)].patch({"status": {"succeeded": 1}})
+    assert await drv.prewarm_done(key=spec.key) is True
+    with pytest.raises(NotFoundError):
+        await drv.prewarm_done(key="never-applied")

@@ -37,7 +37,8 @@ def test_demo_runs_every_step_and_exits_zero(tmp_path: Path) -> None:
                  "2. Where everything went, and what it saves",
                  "3. Why there? Explain one decision, then ask what if",
                  "4. Kill an edge agent (kill -9) and watch the failover",
-                 "5. Where to look next", "demo finished in"):
+                 "5. The loop closes: scale up, prewarm, move back after recovery",
+                 "6. Where to look next", "demo finished in"):
         assert line in out, line
     for name in ("checkout-us", "nightly-etl", "llm-finetune"):
         assert f"submitted {name}" in out

@@ -71,8 +71,9 @@ def kubeconfig(server: str) -> str:
     )
 
 
-def cluster(name: str, *, max_nodes: int = 3, provider: str = "aws") -> Cluster:
-    pool = Pool(name="cpu", instance_type="c5.xlarge", node=Resources(4, 8, 0), nodes=1,
+def cluster(name: str, *, max_nodes: int = 3, provider: str = "aws", nodes: int = 1,
+            cpu: float = 4) -> Cluster:
+    pool = Pool(name="cpu", instance_type="c5.xlarge", node=Resources(cpu, 8, 0), nodes=nodes,
                 max_nodes=max_nodes, price_usd_per_hour=0.17)
     return Cluster(name=name, provider=provider, region="us-east-1", pools=(pool,))
 
@@ -182,10 +183,15 @@ async def test_later_registration_change_and_delete_follow_the_store(store: Stor
             await uow.clusters.set_attrs("late", {"telemetry": {"cpu": 1.0}})
         await reg.refresh(store)
         assert reg["late"] is first
-        await register(store, cluster("late", max_nodes=8))  # a bigger pool: a new driver
+        # A pool the actuator grew keeps its driver (and what runs there) ...
+        await register(store, cluster("late", max_nodes=8, nodes=3))
+        assert (await reg.refresh(store)).replaced == ()
+        assert reg["late"] is first
+        # ... a pool of another node shape is a new driver, at the registered node count.
+        await register(store, cluster("late", max_nodes=8, nodes=3, cpu=8))
         assert (await reg.refresh(store)).replaced == ("late",)
         assert reg["late"] is not first
-        assert len(await reg["late"].inventory()) == 8
+        assert len(await reg["late"].inventory()) == 3
         async with store.unit() as uow:
             await uow.clusters.delete("late")
         assert (await reg.refresh(store)).removed == ("late",)

@@ -20,7 +20,7 @@ from broker.federation.quota_sync import (
 from broker.store import Store, migrate
 from providers.catalog import Catalog
 from providers.errors import ConfigError
-from providers.simulated import SimulatedCloudOptions, SimulatedCloudProvider
+from providers.simulated_cloud import SimulatedCloudOptions, SimulatedCloudProvider
 
 pytestmark = pytest.mark.integration
 

@@ -55,15 +55,21 @@ def test_unknown_driver_kind_names_cluster_and_value() -> None:
     assert ei.value.cluster == "c1"
 
 
-def test_simulated_pool_uses_registered_shape_at_full_size() -> None:
+def test_simulated_pool_starts_at_registered_nodes_the_actuator_scales_it() -> None:
     t = target_for(record())
     assert t.kind == "simulated"
     (pool,) = t.pools
     assert (pool.name, pool.nodes, pool.cpu_per_node, pool.memory_gib_per_node) == \
-        ("cpu", 5, 4, 8)
+        ("cpu", 2, 4, 8)
     assert pool.labels == {"tier": "prod"}
     assert pool.taints == ("dedicated=ml:NoSchedule",)
-    assert t.options == {"startup_s": 0.0, "seed": 0}
+    assert t.options == {"startup_s": 0.0, "seed": 0, "boot_s": 0.0, "prewarm_s": 0.0}
+
+
+def test_edge_site_pools_stay_at_full_size() -> None:
+    t = target_for(record({"driver": "edge"}))
+    (pool,) = t.pools
+    assert pool.nodes == 5
 
 
 def test_simulated_pool_without_size_takes_it_from_the_catalog() -> None:
@@ -122,9 +128,13 @@ def test_only_trusted_tenants_may_point_at_host_kubeconfigs() -> None:
 def test_fingerprint_ignores_what_does_not_change_the_driver() -> None:
     base = target_for(record())
     assert target_for(record({"telemetry": {"cpu": 3}})).fingerprint == base.fingerprint
-    grown = Pool(name="cpu", instance_type="c5.xlarge", node=Resources(4, 8, 0), nodes=2,
+    # The actuator grows pools: a new node count must not rebuild (and empty) the cluster.
+    grown = Pool(name="cpu", instance_type="c5.xlarge", node=Resources(4, 8, 0), nodes=4,
                  max_nodes=9, price_usd_per_hour=0.17)
-    assert target_for(record(pools=(grown,))).fingerprint != base.fingerprint
+    assert target_for(record(pools=(grown,))).fingerprint == base.fingerprint
+    bigger = Pool(name="cpu", instance_type="c5.2xlarge", node=Resources(8, 16, 0), nodes=2,
+                  max_nodes=5, price_usd_per_hour=0.34)
+    assert target_for(record(pools=(bigger,))).fingerprint != base.fingerprint
     assert DriverTarget(name="c1", kind="edge", tenant="t").fingerprint != base.fingerprint
 
 

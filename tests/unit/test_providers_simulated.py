@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from providers.base import ApplySpec, ClusterDriver, Interconnect, WorkloadPhase
+from providers.base import (
+    ApplySpec,
+    ClusterDriver,
+    Interconnect,
+    PoolScalingDriver,
+    PrewarmingDriver,
+    PrewarmSpec,
+    WorkloadPhase,
+)
 from providers.errors import NotFoundError, ProviderError, TransientError
 from providers.simulated import FailureInjection, SimPool, SimulatedClusterDriver
 
@@ -120,3 +128,74 @@ async def test_down_cluster_and_node_failure() -> None:
     d.set_down(False)
     assert d.scale(pool="cpu", nodes=3) == 3
     assert (await d.status(workload_id="w1")).ready_replicas == 2
+
+
+async def test_scaled_up_nodes_boot_before_they_join_and_take_replicas() -> None:
+    clock = FakeClock()
+    d = make(clock, boot_s=60)
+    assert isinstance(d, PoolScalingDriver)
+    await d.apply(spec=spec(replicas=6))  # 2 nodes x 2 replicas fit; 2 wait for room
+    assert (await d.status(workload_id="w1")).ready_replicas == 4
+    assert await d.scale_pool(pool="cpu", nodes=3) == 3
+    assert len([n for n in await d.inventory() if n.pool == "cpu"]) == 2  # still booting
+    clock.t += 59
+    assert (await d.status(workload_id="w1")).ready_replicas == 4
+    clock.t += 1
+    assert len([n for n in await d.inventory() if n.pool == "cpu"]) == 3
+    st = await d.status(workload_id="w1")
+    assert (st.ready_replicas, st.phase) == (6, WorkloadPhase.RUNNING)
+    # Shrinking removes empty nodes only: every node runs replicas, so none goes.
+    assert await d.scale_pool(pool="cpu", nodes=1) == 3
+    assert await d.remove_nodes(pool="cpu", nodes=["c1-cpu-2"]) == 3
+
+
+async def test_remove_nodes_takes_only_the_named_empty_ones() -> None:
+    d = make()
+    await d.scale_pool(pool="cpu", nodes=4)
+    await d.apply(spec=spec(replicas=1))  # on c1-cpu-0
+    assert await d.remove_nodes(pool="cpu", nodes=["c1-cpu-0", "c1-cpu-3"]) == 3
+    assert d.nodes_of("cpu") == ["c1-cpu-0", "c1-cpu-1", "c1-cpu-2"]
+
+
+async def test_termination_taint_and_cordon_keep_new_replicas_off_running_ones_stay() -> None:
+    d = make()
+    await d.apply(spec=spec("a", replicas=1))
+    assert d.replicas_on("c1-cpu-0") == 1
+    d.taint_node("c1-cpu-0", "aws-node-termination-handler/spot-itn=true:NoSchedule")
+    d.cordon_node("c1-cpu-1")
+    await d.apply(spec=spec("b", replicas=1))
+    assert (await d.status(workload_id="b")).ready_replicas == 0  # nowhere to go
+    assert d.replicas_on("c1-cpu-0") == 1  # what ran there still runs
+    inv = {n.name: n for n in await d.inventory()}
+    assert "aws-node-termination-handler/spot-itn=true:NoSchedule" in inv["c1-cpu-0"].taints
+    assert inv["c1-cpu-1"].unschedulable
+    d.remove_node("c1-cpu-0")  # the instance goes: its replica is pending again
+    assert (await d.status(workload_id="a")).ready_replicas == 0
+
+
+async def test_a_patch_rolls_out_new_replicas_before_the_old_end() -> None:
+    clock = FakeClock()
+    d = make(clock, startup_s=10)
+    await d.apply(spec=spec(replicas=1))
+    clock.t += 10
+    assert (await d.status(workload_id="w1")).ready_replicas == 1
+    await d.apply(spec=spec(replicas=1, image="nginx:2"))  # another template: a rollout
+    assert d.replicas_on("c1-cpu-0") == 2  # old and new side by side
+    assert (await d.status(workload_id="w1")).ready_replicas == 1  # the old one serves
+    clock.t += 10
+    assert (await d.status(workload_id="w1")).ready_replicas == 1
+    assert d.replicas_on("c1-cpu-0") == 1  # the new one is ready: the old one ended
+
+
+async def test_prewarm_is_recorded_and_done_after_prewarm_s() -> None:
+    clock = FakeClock()
+    d = make(clock, prewarm_s=30)
+    assert isinstance(d, PrewarmingDriver)
+    pw = PrewarmSpec(key="k1", pool="gpu", images=("pytorch:24",))
+    await d.prewarm(spec=pw)
+    await d.prewarm(spec=pw)
+    assert await d.prewarm_done(key="k1") is False
+    clock.t += 30
+    assert await d.prewarm_done(key="k1") is True
+    with pytest.raises(NotFoundError):
+        await d.prewarm(spec=PrewarmSpec(key="k2", pool="nope"))

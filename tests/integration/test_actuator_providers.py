@@ -1,0 +1,175 @@
+"""The actuator against the most faithful fakes of the outside: moto's EC2 server (libcloud)
+for a declared cloud node group, kmock's Kubernetes API for a pre-pull DaemonSet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import kmock
+import pytest
+from kubernetes import client
+
+from broker.clock import ManualClock
+from broker.domain import Cluster, DataSource, FederationSnapshot, Pool, Resources
+from broker.federation.actuator import Actuator
+from broker.federation.decision_log import record_decisions
+from broker.placement.planner import EpochPlan, PoolScale, Prewarm, SolveStats
+from broker.settings import ActuatorSettings
+from broker.store import Store
+from providers.aws import AwsOptions, AwsProvider
+from providers.base import ClusterDriver, Quota
+from providers.kubernetes import KubernetesDriver, KubernetesOptions
+from providers.kubernetes_prewarm import copy_name, prepull_name
+from providers.simulated import SimPool, SimulatedClusterDriver
+from tests.contract.k8s_emulator import Emulator
+from tests.integration.test_placement_loop import store  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+NS = "skyfed"
+STATS = SolveStats("heuristic", 0.0, None, None, 0.0, 0.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def moto_port() -> Iterator[int]:
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    srv.start()
+    try:
+        yield port
+    finally:
+        srv.stop()
+
+
+def _eks(name: str) -> Cluster:
+    pool = Pool(name="cpu", instance_type="m5.large", node=Resources(2, 8, 0), nodes=1,
+                max_nodes=5, price_usd_per_hour=0.096)
+    return Cluster(name=name, provider="aws", region="us-east-1", pools=(pool,))
+
+
+async def _record(store: Store, plan: EpochPlan, clusters: tuple[Cluster, ...],  # noqa: F811
+                  now: float) -> None:
+    async with store.unit() as uow:
+        await record_decisions(uow, plan, FederationSnapshot(now_s=now, clusters=clusters,
+                                                             pending=()),
+                               owners={c.name: "admin" for c in clusters}, tenants={})
+
+
+async def _events(store: Store, prefix: str) -> list[tuple[str, dict[str, Any]]]:  # noqa: F811
+    async with store.unit() as uow:
+        return [(e.kind, dict(e.data)) for e in await uow.events.list(limit=1000)
+                if e.kind.startswith(prefix)]
+
+
+async def test_scale_up_through_a_declared_ec2_node_group_on_moto(
+        store: Store, moto_port: int) -> None:  # noqa: F811
+    base = {"endpoint_host": "127.0.0.1", "endpoint_port": moto_port, "secure": False,
+            "timeout_s": 10}
+    probe = AwsProvider(AwsOptions("AKIDACT", "secret-act", **base))  # type: ignore[arg-type]
+    image = probe._driver("us-east-1").list_images()[0].id
+    aws = AwsProvider(AwsOptions("AKIDACT", "secret-act", image_id=image,
+                                 **base))  # type: ignore[arg-type]
+    clock = ManualClock(1000.0)
+    cluster = _eks("eks-use1")
+    async with store.unit() as uow:
+        await uow.tenants.ensure("admin")
+        await uow.clusters.upsert(cluster, tenant="admin", attrs={
+            "scaling": {"account": "aws-act", "groups": {"cpu": "eks-use1-cpu"}}})
+    # The cluster's own driver (its API) cannot add machines; the node group can.
+    drivers: dict[str, ClusterDriver] = {"eks-use1": SimulatedClusterDriver(
+        "eks-use1", [SimPool(name="cpu", nodes=1, cpu_per_node=2, memory_gib_per_node=8)],
+        clock=clock.now)}
+    await _record(store, EpochPlan((), {}, (PoolScale("eks-use1", "cpu", 2),), STATS),
+                  (cluster,), clock.now())
+    act = Actuator(store, drivers, clock, accounts={"aws-act": aws},
+                   settings=ActuatorSettings(order_timeout_s=600))
+    await act.act_once()
+    [(kind, data)] = await _events(store, "scale.")
+    assert (kind, data["via"], data["target_nodes"], data["count"]) == \
+        ("scale.ordered", "aws-act", 3, 3)
+    # EC2 really runs three instances of the node group, tagged with the pool and cluster.
+    quotas: list[Quota] = await aws.get_quotas(region="us-east-1")
+    assert {q.metric: q.used for q in quotas}["instances"] >= 3
+    drv = aws._driver("us-east-1")
+    tagged = await asyncio.to_thread(drv.list_nodes, ex_filters={
+        "tag:skyfed.io/pool": "eks-use1-cpu", "instance-state-name": ["pending", "running"]})
+    assert len(tagged) == 3
+    assert all(n.extra["tags"]["skyfed.io/cluster"] == "eks-use1" for n in tagged)
+    # The instances never join this (simulated) cluster: the order stays open, then fails.
+    await act.act_once()
+    async with store.unit() as uow:
+        [open_order] = await uow.decisions.list_open(kinds=("scale",))
+    assert open_order.step == "ordered"
+    clock.advance(601)
+    await act.act_once()
+    kinds = [k for k, _ in await _events(store, "scale.")]
+    assert kinds == ["scale.ordered", "scale.failed"]
+
+
+@pytest.fixture
+async def k8s() -> AsyncIterator[tuple[Any, KubernetesDriver]]:
+    async with Emulator() as k, kmock.Server(k) as srv:
+        with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
+            warnings.simplefilter("ignore", DeprecationWarning)
+            k.resources.load_bundled()
+        api = client.ApiClient(configuration=client.Configuration(host=str(srv.url)))
+        try:
+            yield k, KubernetesDriver("gke-euw4", KubernetesOptions(namespace=NS, timeout_s=5),
+                                      api_client=api)
+        finally:
+            await asyncio.to_thread(api.close)
+
+
+async def test_prewarm_on_kubernetes_applies_a_prepull_daemonset_and_a_copy_job(
+        store: Store, k8s: tuple[Any, KubernetesDriver]) -> None:  # noqa: F811
+    k, drv = k8s
+    clock = ManualClock(1000.0)
+    gpu = Pool(name="a100", instance_type="a2-highgpu-8g", node=Resources(96, 680, 8),
+               nodes=1, max_nodes=2, price_usd_per_hour=29.4, gpu_model="A100")
+    cluster = Cluster(name="gke-euw4", provider="gcp", region="europe-west4", pools=(gpu,))
+    async with store.unit() as uow:
+        await uow.tenants.ensure("admin")
+        await uow.clusters.upsert(cluster, tenant="admin")
+    data = DataSource(size_gb=500, location="gcp:europe-west4",
+                      url="https://storage.example/llm/shard-00.tar", sha256="cd" * 32)
+    pw = Prewarm("gke-euw4", "a100", images=("nvcr.io/nvidia/pytorch:24.05-py3",),
+                 data=(data,), workload_id="w-llm", reason="placement")
+    plan = EpochPlan((), {}, (), STATS, prewarm=(pw,))
+    await _record(store, plan, (cluster,), clock.now())
+    await _record(store, plan, (cluster,), clock.now())  # the planner repeats it: one row
+    act = Actuator(store, {"gke-euw4": drv}, clock)
+    await act.act_once()
+    ds_res = kmock.resource("apps", "v1", "daemonsets")
+    job_res = kmock.resource("batch", "v1", "jobs")
+    async with store.unit() as uow:
+        [rec] = await uow.decisions.list(kind="prewarm")
+    ds = dict(k.objects[ds_res, NS, prepull_name(rec.key)].raw)
+    pod = ds["spec"]["template"]["spec"]
+    assert [c["image"] for c in pod["initContainers"]] == ["nvcr.io/nvidia/pytorch:24.05-py3"]
+    assert pod["nodeSelector"] == {"skyfed.io/pool": "a100"}
+    assert ds["metadata"]["labels"]["skyfed.io/workload"] == "w-llm"
+    job = dict(k.objects[job_res, NS, copy_name(rec.key, 0)].raw)
+    assert job["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] == data.url
+    await act.act_once()  # the pods have not pulled yet
+    assert [kind for kind, _ in await _events(store, "prewarm.")] == ["prewarm.started"]
+    k.objects[ds_res, NS, prepull_name(rec.key)].patch({"status": {
+        "currentNumberScheduled": 1, "desiredNumberScheduled": 1, "numberMisscheduled": 0,
+        "numberReady": 1}})
+    k.objects[job_res, NS, copy_name(rec.key, 0)].patch({"status": {"succeeded": 1}})
+    clock.advance(1)
+    await act.act_once()
+    assert [kind for kind, _ in await _events(store, "prewarm.")] == \
+        ["prewarm.started", "prewarm.done"]

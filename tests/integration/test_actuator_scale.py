@@ -1,0 +1,217 @@
+"""Pools scale through the actuator: the placement loop orders, the actuator carries it out.
+
+Real store (PostgreSQL schema and SQLite), the planner's own decisions, simulated member
+clusters (the cloud API edge) whose new nodes boot for a while before they join.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from broker.clock import ManualClock
+from broker.domain import (
+    Cluster,
+    FederationSnapshot,
+    Pool,
+    Resources,
+    WorkloadKind,
+    WorkloadSpec,
+    WorkloadStatus,
+)
+from broker.federation.actuator import Actuator
+from broker.federation.decision_log import record_decisions
+from broker.federation.dispatcher import Dispatcher
+from broker.federation.placement_loop import PlacementLoop
+from broker.federation.reconciler import Reconciler
+from broker.federation.scaling import scalable_pools
+from broker.placement.planner import EpochPlan, PoolScale, PoolScaleIn, SolveStats
+from broker.settings import ActuatorSettings, PlacementSettings
+from broker.store import ClusterRecord, Store
+from providers.base import ClusterDriver
+from providers.simulated import SimPool, SimulatedClusterDriver
+from tests.integration.test_placement_loop import store  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+BOOT_S = 90.0
+
+
+def _cluster(name: str, *, nodes: int = 1, max_nodes: int = 4) -> Cluster:
+    pool = Pool(name="cpu", instance_type="m5.xlarge", node=Resources(4, 16, 0), nodes=nodes,
+                max_nodes=max_nodes, price_usd_per_hour=0.2)
+    return Cluster(name=name, provider="aws", region="us-east-1", pools=(pool,), lat=38.9,
+                   lon=-77.4)
+
+
+def _driver(name: str, clock: ManualClock, nodes: int = 1) -> SimulatedClusterDriver:
+    return SimulatedClusterDriver(name, [SimPool(name="cpu", nodes=nodes, cpu_per_node=4,
+                                                 memory_gib_per_node=16)],
+                                  clock=clock.now, boot_s=BOOT_S)
+
+
+def _web(name: str, replicas: int, cpu: float = 2) -> WorkloadSpec:
+    return WorkloadSpec(name=name, kind=WorkloadKind.SERVICE, image="nginx", replicas=replicas,
+                        resources=Resources(cpu, 4, 0))
+
+
+async def _setup(store: Store, clusters: Sequence[Cluster],  # noqa: F811
+                 attrs: Mapping[str, Mapping[str, object]] | None = None) -> None:
+    async with store.unit() as uow:
+        await uow.tenants.ensure("acme")
+        for c in clusters:
+            await uow.clusters.upsert(c, tenant="acme", attrs=(attrs or {}).get(c.name))
+
+
+async def _submit(store: Store, spec: WorkloadSpec) -> str:  # noqa: F811
+    async with store.unit() as uow:
+        rec, _ = await uow.workloads.submit(tenant="acme", spec=spec)
+    return rec.workload.id
+
+
+def _loop(store: Store, clock: ManualClock,  # noqa: F811
+          drivers: Mapping[str, ClusterDriver]) -> PlacementLoop:
+    def scalable(records: Sequence[ClusterRecord]) -> set[tuple[str, str]]:
+        return scalable_pools(records, drivers=drivers, accounts={})
+
+    return PlacementLoop(store, clock, PlacementSettings(), catalog=None, scalable=scalable)
+
+
+async def _events(store: Store, prefix: str) -> list[tuple[str, dict[str, object]]]:  # noqa: F811
+    async with store.unit() as uow:
+        return [(e.kind, dict(e.data)) for e in await uow.events.list(limit=1000)
+                if e.kind.startswith(prefix)]
+
+
+async def test_the_planner_orders_a_node_the_actuator_adds_it_and_the_work_runs(
+        store: Store) -> None:  # noqa: F811
+    clock = ManualClock(1000.0)
+    await _setup(store, [_cluster("grow")])
+    drivers: dict[str, ClusterDriver] = {"grow": _driver("grow", clock)}
+    loop = _loop(store, clock, drivers)
+    wid = await _submit(store, _web("web", 3))  # 6 cpu: one 4-cpu node is not enough
+    plan = await loop.tick()
+    assert plan is not None
+    assert plan.scale == (PoolScale("grow", "cpu", 1),)
+    async with store.unit() as uow:
+        [order] = await uow.decisions.list_open(kinds=("scale",))
+    assert (order.kind, order.key, order.spec["target_nodes"]) == ("scale", "pool:grow/cpu", 2)
+    assert order.tenant == "acme"  # the cluster owner's event, not everyone's
+
+    assert await Dispatcher(store, drivers, clock).dispatch_once() == 1
+    act = Actuator(store, drivers, clock)
+    await act.act_once()
+    sim = drivers["grow"]
+    assert isinstance(sim, SimulatedClusterDriver)
+    assert sim.nodes_of("cpu") == ["grow-cpu-0", "grow-cpu-1"]  # ordered, booting
+    assert [k for k, _ in await _events(store, "scale.")] == ["scale.ordered"]
+
+    # While the node boots the loop counts it: a job that fits there orders nothing more.
+    await _submit(store, _web("small", 1, cpu=1))
+    snap = await loop.snapshot()
+    assert snap is not None
+    assert [p.nodes for p in snap.clusters[0].pools] == [2]
+    plan = await loop.tick()
+    assert plan is not None
+    assert plan.scale == ()
+
+    await act.act_once()  # not joined yet: the order stays open
+    async with store.unit() as uow:
+        opened = await uow.decisions.list_open(kinds=("scale",))
+        assert [d.step for d in opened] == ["ordered"]
+    clock.advance(BOOT_S)
+    await act.act_once()
+    async with store.unit() as uow:
+        assert await uow.decisions.list_open(kinds=("scale",)) == []
+        [rec] = await uow.clusters.list_records()
+    assert rec.cluster.pools[0].nodes == 2  # the pool's registered count follows
+    done = await _events(store, "scale.")
+    assert [k for k, _ in done] == ["scale.ordered", "scale.done"]
+    assert done[1][1]["nodes"] == 2
+
+    await Dispatcher(store, drivers, clock).dispatch_once()
+    await Reconciler(store, drivers, clock).reconcile_once()
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.RUNNING
+
+
+async def test_a_pool_that_cannot_scale_is_never_ordered_and_an_order_is_refused(
+        store: Store) -> None:  # noqa: F811
+    clock = ManualClock(1000.0)
+    await _setup(store, [_cluster("fixed")], {"fixed": {"scaling": {"enabled": False}}})
+    drivers: dict[str, ClusterDriver] = {"fixed": _driver("fixed", clock)}
+    loop = _loop(store, clock, drivers)
+    wid = await _submit(store, _web("web", 3))
+    snap = await loop.snapshot()
+    assert snap is not None
+    [pool] = snap.clusters[0].pools
+    assert (pool.nodes, pool.max_nodes) == (1, 1)  # the planner sees it cannot grow
+    plan = await loop.tick()
+    assert plan is not None
+    assert plan.scale == ()
+    placed = {p.workload_id: p for p in plan.placements}
+    assert placed[wid].placed_replicas == 1  # what fits on the one node; the rest waits
+    assert all(a.new_nodes == 0 for a in placed[wid].assignments)
+
+    # An order that reaches it anyway (an older plan) is refused, with the reason.
+    order = EpochPlan(placements=(), unplaced={}, scale=(PoolScale("fixed", "cpu", 2),),
+                      stats=SolveStats("heuristic", 0.0, None, None, 0.0, 0.0))
+    async with store.unit() as uow:
+        await record_decisions(uow, order, FederationSnapshot(
+            now_s=clock.now(), clusters=(_cluster("fixed"),), pending=()),
+            owners={"fixed": "acme"}, tenants={})
+    await Actuator(store, drivers, clock).act_once()
+    [(kind, data)] = await _events(store, "scale.")
+    assert kind == "scale.refused"
+    assert "attrs.scaling.enabled = false" in str(data["error"])
+    assert isinstance(drivers["fixed"], SimulatedClusterDriver)
+    assert drivers["fixed"].nodes_of("cpu") == ["fixed-cpu-0"]
+
+
+async def test_scale_in_removes_the_named_empty_nodes(store: Store) -> None:  # noqa: F811
+    clock = ManualClock(1000.0)
+    await _setup(store, [_cluster("big", nodes=3)])
+    sim = _driver("big", clock, nodes=3)
+    plan = EpochPlan(placements=(), unplaced={}, scale=(),
+                     stats=SolveStats("heuristic", 0.0, None, None, 0.0, 0.0),
+                     scale_in=(PoolScaleIn("big", "cpu", ("big-cpu-1", "big-cpu-2")),))
+    async with store.unit() as uow:
+        await record_decisions(uow, plan, FederationSnapshot(
+            now_s=clock.now(), clusters=(_cluster("big", nodes=3),), pending=()),
+            owners={}, tenants={})
+    await Actuator(store, {"big": sim}, clock).act_once()
+    assert sim.nodes_of("cpu") == ["big-cpu-0"]
+    async with store.unit() as uow:
+        [rec] = await uow.clusters.list_records()
+    assert rec.cluster.pools[0].nodes == 1
+    [(kind, data)] = await _events(store, "scale_in.")
+    assert (kind, data["removed"]) == ("scale_in.done", ["big-cpu-1", "big-cpu-2"])
+
+
+async def test_a_provider_error_backs_off_then_fails_with_the_error(
+        store: Store) -> None:  # noqa: F811
+    clock = ManualClock(1000.0)
+    await _setup(store, [_cluster("down")])
+    sim = _driver("down", clock)
+    sim.set_down(True)
+    plan = EpochPlan(placements=(), unplaced={}, scale=(PoolScale("down", "cpu", 1),),
+                     stats=SolveStats("heuristic", 0.0, None, None, 0.0, 0.0))
+    async with store.unit() as uow:
+        await record_decisions(uow, plan, FederationSnapshot(
+            now_s=clock.now(), clusters=(_cluster("down"),), pending=()),
+            owners={}, tenants={})
+    act = Actuator(store, {"down": sim}, clock,
+                   settings=ActuatorSettings(retries=1, backoff_s=10, max_attempts=2))
+    await act.act_once()
+    async with store.unit() as uow:
+        [d] = await uow.decisions.list_open(kinds=("scale",))
+    assert (d.attempts, d.not_before_s) == (1, 1010.0)
+    assert "unreachable" in d.last_error
+    await act.act_once()  # backing off: nothing happens
+    clock.advance(10)
+    await act.act_once()
+    async with store.unit() as uow:
+        [d] = await uow.decisions.list(kind="scale")
+    assert (d.state, d.attempts) == ("failed", 2)
+    assert [k for k, _ in await _events(store, "scale.")] == ["scale.failed"]
