@@ -1,7 +1,7 @@
 """decisions table (the actuator's durable work), workload retry/backoff and displaced_from
 
 Revision ID: act_decisions_retries
-Revises: 0001
+Revises: 0002_observed_inventory
 Create Date: 2026-12-01 09:00:00
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "act_decisions_retries"
-down_revision: str | None = "0001"
+down_revision: str | None = "0002_observed_inventory"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
