@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -27,6 +27,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
@@ -144,6 +145,17 @@ class _Model(BaseModel):
     # allow_inf_nan=False: Python's json and YAML both parse Infinity/NaN (FACTS.md).
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
                               frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, v: Any, info: ValidationInfo) -> Any:
+        """`true` is not 1: pydantic's lax mode would take a bool for a number field
+        (`durationS: true` -> 1.0 s), which the schema says is a number."""
+        if isinstance(v, bool) and info.field_name is not None:
+            ann = cls.model_fields[info.field_name].annotation
+            if ann is not bool and bool not in get_args(ann):
+                raise ValueError("must be a number or a string, not true/false")
+        return v
 
 
 class ResourcesIn(_Model):

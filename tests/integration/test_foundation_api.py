@@ -130,6 +130,10 @@ async def test_concurrent_retries_with_one_key_create_one_workload(api: Api) -> 
     ({"kind": "daemon"}, ["body", "spec", "kind"]),
     ({"replica": 2}, ["body", "spec", "replica"]),
     ({"latencySloMs": -5}, ["body", "spec", "latencySloMs"]),
+    # `true` is not 1 (pydantic's lax mode took it; schemathesis found it on main)
+    ({"durationS": True}, ["body", "spec", "durationS"]),
+    ({"replicas": True}, ["body", "spec", "replicas"]),
+    ({"resources": {"cpu": True}}, ["body", "spec", "resources", "cpu"]),
 ])
 async def test_bad_input_is_422_naming_the_field_and_stores_nothing(
         api: Api, patch: dict[str, Any], loc: list[str]) -> None:
