@@ -31,8 +31,8 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   replay(tenant=, idempotency_key=, request_sha256=) -> WorkloadRecord
                   get(id, tenant=None) -> WorkloadRecord
                   list(tenant=, status=None, limit=50, cursor=None) -> Page[WorkloadRecord]
-                  list_pending(limit=500) -> list[Workload]   # all tenants, priority desc, oldest;
-                                                  # not those backing off (not_before_s > now)
+                  list_pending(limit=500) -> list[Workload]   # all tenants: due ones first
+                                                  # (not_before_s passed), priority desc, oldest
                   set_retry(id, attempts=, last_attempt_s=, not_before_s=)   # planner.Retry
                   list_by_status([statuses], limit=1000) -> list[WorkloadRecord]
                   set_status(id, status, message="", event_data=None)   # + event workload.<status>

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, insert, or_, select, text, update
+from sqlalchemy import Table, bindparam, case, func, insert, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from broker.domain import Workload, WorkloadSpec, WorkloadStatus
@@ -181,15 +181,19 @@ class WorkloadRepo:
         return Page(items=tuple(_record(r) for r in rows), next_cursor=nxt)
 
     async def list_pending(self, *, limit: int = 500) -> builtins.list[Workload]:
-        """Pending workloads of every tenant: highest priority first, then oldest.
+        """Pending workloads of every tenant: those due first (no `not_before_s`, or it has
+        passed), then those the planner told to wait (planner.Retry); within each, highest
+        priority first, then oldest.
 
-        Workloads the planner told to wait (`not_before_s` after now, planner.Retry) are
-        left out until then.
+        The waiting ones are not left out: the planner decides again whether each is due
+        (a capacity change may make one due early, retry.py); ordering them last keeps
+        them from crowding new work out of the batch.
         """
-        q = (select(WorkloadRow).where(WorkloadRow.status == str(WorkloadStatus.PENDING),
-                                       or_(WorkloadRow.not_before_s.is_(None),
-                                           WorkloadRow.not_before_s <= self._now))
-             .order_by(WorkloadRow.priority.desc(), WorkloadRow.submitted_s, WorkloadRow.id)
+        waiting = case((or_(WorkloadRow.not_before_s.is_(None),
+                            WorkloadRow.not_before_s <= self._now), 0), else_=1)
+        q = (select(WorkloadRow).where(WorkloadRow.status == str(WorkloadStatus.PENDING))
+             .order_by(waiting, WorkloadRow.priority.desc(), WorkloadRow.submitted_s,
+                       WorkloadRow.id)
              .limit(limit))
         return [workload_from_row(r) for r in (await self._s.scalars(q)).all()]
 

@@ -82,29 +82,34 @@ async def test_a_submission_wakes_placement_dispatch_and_status(tmp_path: Path) 
     assert 'skyfed_failovers_total{by="reconciler"}' in metrics
 
 
-async def test_a_retry_waits_until_not_before_and_is_stored_on_the_workload(
+async def test_a_retry_is_stored_and_a_waiting_workload_comes_after_the_due_ones(
         store: Store) -> None:  # noqa: F811
-    [wid] = await _seed(store, ["later"])
+    waiting, fresh = await _seed(store, ["later", "fresh"])
     assert isinstance(store.clock, ManualClock)
     now = store.clock.now()
-    plan = EpochPlan((), {wid: "capacity"}, (), SolveStats("heuristic", 0.0, None, None, 0, 0),
-                     retries=(Retry(wid, not_before_s=now + 30, attempts=2, reason="capacity"),))
+    plan = EpochPlan((), {waiting: "capacity"}, (),
+                     SolveStats("heuristic", 0.0, None, None, 0, 0),
+                     retries=(Retry(waiting, not_before_s=now + 30, attempts=2,
+                                    reason="capacity"),))
     async with store.unit() as uow:
         counts = await record_decisions(uow, plan, FederationSnapshot(
             now_s=now, clusters=(), pending=()), owners={}, tenants={})
     assert counts == {"retry": 1}
-    loop = PlacementLoop(store, ManualClock(now), load_settings().placement, catalog=None)
-    assert await loop.snapshot() is None  # backing off: not in the batch
     async with store.unit() as uow:
-        w = (await uow.workloads.get(wid)).workload
-        assert await uow.workloads.count_pending() == 1
+        w = (await uow.workloads.get(waiting)).workload
+        assert await uow.workloads.count_pending() == 2
+        # The planner decides again whether it is due (attempts, last attempt); a full
+        # batch is filled with due work first, so waiting work never crowds it out.
+        assert [p.id for p in await uow.workloads.list_pending(limit=1)] == [fresh]
+        assert [p.id for p in await uow.workloads.list_pending()] == [fresh, waiting]
     assert (w.status, w.attempts, w.last_attempt_s) == (WorkloadStatus.PENDING, 2, now)
-    store.clock.advance(30)
-    snap = await loop.snapshot()
-    assert snap is not None
-    assert [(p.id, p.attempts) for p in snap.pending] == [(wid, 2)]
-    async with store.unit() as uow:  # a failover requeue is retried at once
-        await uow.workloads.set_retry(wid, attempts=3, last_attempt_s=now,
+    store.clock.advance(30)  # its time came: both due, back in (submitted, id) order
+    in_order = sorted([waiting, fresh])  # submitted in one unit: the same submitted_s
+    async with store.unit() as uow:
+        assert [p.id for p in await uow.workloads.list_pending()] == in_order
+        await uow.workloads.set_retry(waiting, attempts=3, last_attempt_s=now + 30,
                                       not_before_s=now + 3600)
-        await uow.workloads.requeue(wid, reason="cluster x is unhealthy")
-    assert await loop.snapshot() is not None
+        assert [p.id for p in await uow.workloads.list_pending()] == [fresh, waiting]
+        await uow.workloads.requeue(waiting, reason="cluster x is unhealthy")
+    async with store.unit() as uow:  # a failover requeue is due at once
+        assert [p.id for p in await uow.workloads.list_pending()] == in_order
