@@ -120,6 +120,8 @@ async def _fail_and_recover(n: Narrator, ids: dict[str, str]) -> None:
     driver.set_down(False)
     t1 = time.monotonic()
     home = await _until(n, lambda w: _where(w) == cluster, wid, MOVE_BACK_WAIT_S)
+    if home is not None:  # switched: the drain follows within a pass or two
+        await _until_event(n, "migration.done", wid, mark, 3.0)
     for e in await _events(n, after=mark):
         if e["kind"].startswith("migration.") and e["subject"] == wid:
             d = e.get("data") or {}
@@ -132,6 +134,17 @@ async def _fail_and_recover(n: Narrator, ids: dict[str, str]) -> None:
         return
     n.console.print(f"  {cluster} is back: {SERVICE} moved home {time.monotonic() - t1:.1f} s "
                     f"later, its target ready before the source drained")
+
+
+async def _until_event(n: Narrator, kind: str, subject: str, after: int,
+                       timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e["kind"] == kind and e["subject"] == subject
+               for e in await _events(n, after=after)):
+            return True
+        await asyncio.sleep(0.25)
+    return False
 
 
 def _where(w: dict[str, Any]) -> str:
