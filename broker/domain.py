@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from providers.base import Interconnect, Offer, PricingModel
 
@@ -22,6 +23,7 @@ __all__ = [
     "DataSource",
     "FederationSnapshot",
     "Interconnect",
+    "NativeObjects",
     "NodeLeaving",
     "NodeState",
     "Offer",
@@ -121,6 +123,24 @@ class Spread:
 
 
 @dataclass(frozen=True, slots=True)
+class NativeObjects:
+    """A workload submitted as Kubernetes manifests (broker/api/manifests.py), kept so the
+    Kubernetes driver applies what the user wrote, not a bare rendering of the spec.
+
+    `workload` is the Deployment, StatefulSet or Job as submitted (JSON); `companions` are
+    the Services, ConfigMaps, Secrets and PersistentVolumeClaims that came with it. Secret
+    data lives here and is never shown by the API (views list companions by kind and name).
+    `defaulted` names the manifest fields the broker filled in (requests of containers
+    without any, as a LimitRange would; a Job's run time) so the status can say so.
+    """
+
+    kind: str  # Deployment | StatefulSet | Job
+    workload: Mapping[str, Any]
+    companions: tuple[Mapping[str, Any], ...] = ()
+    defaulted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     name: str
     kind: WorkloadKind
@@ -147,6 +167,9 @@ class WorkloadSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = ()
+    # Only these member clusters (a PlacementPolicy's clusterAffinity.clusterNames); empty: any.
+    cluster_names: tuple[str, ...] = ()
+    native: NativeObjects | None = None  # the Kubernetes manifests it came from, if any
 
     @property
     def total(self) -> Resources:

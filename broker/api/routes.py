@@ -16,6 +16,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
+from broker.api import manifests
 from broker.api.deps import Admin, Auth, RuntimeDep, current_principal, get_runtime, scope_of
 from broker.api.openapi import PAGE_SCHEMA, answers
 from broker.api.problems import BodyTooLargeError
@@ -31,10 +32,11 @@ from broker.api.views import (
     site_view,
     workload_view,
 )
-from broker.domain import Offer, WorkloadStatus
+from broker.domain import Offer, WorkloadSpec, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, SpecError
 from broker.federation.runtime import Runtime
 from broker.limits import TEXT_PATTERN, is_text
+from broker.placement.durations import DurationPredictor
 from broker.store import ClusterRecord
 from broker.store.mapping import spec_sha256, spec_to_json
 from providers.errors import NotFoundError as ProviderNotFoundError
@@ -60,13 +62,15 @@ WorkloadId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN
 PlacementId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
 MemberName = Annotated[str, Path(min_length=1, max_length=128, pattern=NAME_RE)]
 Cursor = Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_=-]*$")]
+MAX_DOCUMENTS = 100
 _BODY = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/WorkloadIn"}},
                      "application/yaml": {"schema": {"$ref": "#/components/schemas/WorkloadIn"}}},
          "required": True}
 
 
-async def parse_body(request: Request) -> Any:
-    """JSON, or YAML when the content type says so; one document per request."""
+async def parse_documents(request: Request) -> list[Any]:
+    """The body's documents: JSON (one document, or a `kind: List`), or YAML when the
+    content type says so (multi-document: a workload with its companions and policy)."""
     raw = await request.body()
     if not raw.strip():
         raise SpecError("request body is empty", loc=("body",))
@@ -75,13 +79,57 @@ async def parse_body(request: Request) -> Any:
             docs = [d for d in yaml.load_all(raw, Loader=_YamlLoader) if d is not None]
         except yaml.YAMLError as e:
             raise SpecError(f"body is not valid YAML: {e}", loc=("body",)) from e
-        if len(docs) != 1:
-            raise SpecError(f"send one document per request (got {len(docs)})", loc=("body",))
-        return docs[0]
-    try:
-        return _loads(raw)
-    except _JSONError as e:
-        raise SpecError(f"body is not valid JSON: {e}", loc=("body",)) from e
+        if not docs:
+            raise SpecError("request body holds no document", loc=("body",))
+    else:
+        try:
+            docs = [_loads(raw)]
+        except _JSONError as e:
+            raise SpecError(f"body is not valid JSON: {e}", loc=("body",)) from e
+    if len(docs) == 1 and isinstance(docs[0], dict) and docs[0].get("kind") == "List" \
+            and isinstance(docs[0].get("items"), list):
+        docs = [d for d in docs[0]["items"] if d is not None]
+    if len(docs) > MAX_DOCUMENTS:
+        raise SpecError(f"at most {MAX_DOCUMENTS} documents per request", loc=("body",))
+    return docs
+
+
+def _is_skyfed_body(docs: list[Any]) -> bool:
+    """One skyfed `Workload` (or something that is no Kubernetes document at all: the
+    Workload model then says what is wrong with it)."""
+    if len(docs) != 1:
+        return False
+    doc = docs[0]
+    if not isinstance(doc, dict) or not isinstance(doc.get("apiVersion"), str):
+        return True
+    return doc["apiVersion"] == "skyfed.io/v1" and doc.get("kind") != "PlacementPolicy"
+
+
+async def spec_of(request: Request, rt: Runtime, tenant: str) -> WorkloadSpec:
+    """The submitted workload: a skyfed `Workload`, or Kubernetes manifests (manifests.py)."""
+    docs = await parse_documents(request)
+    if _is_skyfed_body(docs):
+        return WorkloadIn.model_validate(docs[0]).to_domain()
+    predictor = DurationPredictor()  # no history kept live yet: its prior per size class
+    spec = manifests.convert(docs, duration_of=lambda res, n: predictor.predict(
+        tenant, res, n, at_s=0.0).duration_s)
+    if spec.resources.gpu > 0:
+        await _require_gpu_pool(rt, spec, manifests.gpu_loc(docs))
+    return spec
+
+
+async def _require_gpu_pool(rt: Runtime, spec: WorkloadSpec,
+                            loc: tuple[str | int, ...]) -> None:
+    """A GPU request with no GPU anywhere in the federation can never be placed: refuse it
+    now, naming the request, instead of keeping it pending forever."""
+    async with rt.store.unit() as uow:
+        clusters = await uow.clusters.list()
+        sites = await uow.sites.list()
+    if any(p.node.gpu > 0 for c in clusters for p in c.pools) \
+            or any(s.capacity.gpu > 0 for s in sites):
+        return
+    raise SpecError(f"{spec.resources.gpu} {manifests.GPU} requested, but no cluster or site "
+                    "of the federation has a GPU pool", loc=loc)
 
 
 _IDEM_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
@@ -106,7 +154,7 @@ async def submit_workload(request: Request) -> Response:
     rt = get_runtime(request)
     metrics = request.app.state.metrics
     try:
-        spec = WorkloadIn.model_validate(await parse_body(request)).to_domain()
+        spec = await spec_of(request, rt, principal.tenant)
     except (ValidationError, SpecError):
         metrics.rejected.labels("422").inc()
         raise

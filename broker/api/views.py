@@ -57,7 +57,17 @@ def spec_to_api(s: WorkloadSpec) -> dict[str, Any]:
         "priority": s.priority, "budgetUsdPerHour": s.budget_usd_per_hour,
         "spotOk": s.spot_ok, "env": dict(s.env), "command": list(s.command),
     }
+    if s.cluster_names:
+        out["clusterNames"] = list(s.cluster_names)
+    if s.native is not None:
+        # Kinds and names only: a Secret's data (and any other object body) is never echoed.
+        out["objects"] = [_object_ref(o) for o in (s.native.workload, *s.native.companions)]
     return out
+
+
+def _object_ref(obj: Any) -> dict[str, Any]:
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+            "name": (obj.get("metadata") or {}).get("name")}
 
 
 def workload_view(r: WorkloadRecord) -> dict[str, Any]:
@@ -72,6 +82,8 @@ def workload_view(r: WorkloadRecord) -> dict[str, Any]:
         "status": {"phase": str(w.status), "placementId": r.placement_id,
                    "message": r.message, "updatedS": r.updated_s},
     }
+    if w.spec.native is not None and w.spec.native.defaulted:
+        out["status"]["defaulted"] = list(w.spec.native.defaulted)
     if r.sanitized:
         out["sanitized"] = list(r.sanitized)
     return out

@@ -192,10 +192,13 @@ def submit(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-'
     out = []
     with _client(config, server, token) as c:
         for f in files:
+            native: list[Any] = []
             for i, doc in _documents(f):
                 try:
                     member = _member_document(doc)
-                    if member is None:
+                    if member is None and is_kubernetes_document(doc):
+                        native.append(doc)  # sent together: workload, companions, policy
+                    elif member is None:
                         out.append(c.submit(doc))
                     else:
                         resource, body = member
@@ -203,6 +206,12 @@ def submit(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-'
                                     **c.request("POST", f"/v1/{resource}", json=body)})
                 except ClientError as e:
                     raise fail(f"{f} (document {i}): {e}") from e
+            if native:
+                try:
+                    out.append(c.submit({"apiVersion": "v1", "kind": "List",
+                                         "items": native}))
+                except ClientError as e:
+                    raise fail(f"{f} (Kubernetes manifests): {e}") from e
     if output != "table":
         _emit(out, output)
         return
@@ -212,6 +221,13 @@ def submit(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-'
             continue
         typer.echo(f"workload/{w['metadata']['name']} submitted: {w['id']} "
                    f"({w['status']['phase']})")
+
+
+def is_kubernetes_document(doc: Any) -> bool:
+    """A Kubernetes manifest (Deployment, Service, PlacementPolicy ...), not a skyfed
+    `Workload`, `Cluster` or `Site` document."""
+    return isinstance(doc, dict) and isinstance(doc.get("apiVersion"), str) and (
+        doc["apiVersion"] != "skyfed.io/v1" or doc.get("kind") == "PlacementPolicy")
 
 
 def _member_document(doc: Any) -> tuple[str, dict[str, Any]] | None:

@@ -309,8 +309,9 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
         "affinity": _per_cluster_mask(
             wls, options,
             lambda w: (tuple(sorted(w.spec.affinity.items())),
-                       tuple(sorted(w.spec.anti_affinity.items()))),
-            lambda sig, c: labels_ok(c, dict(sig[0]), dict(sig[1]))),
+                       tuple(sorted(w.spec.anti_affinity.items())), w.spec.cluster_names),
+            lambda sig, c: labels_ok(c, dict(sig[0]), dict(sig[1]))
+            and (not sig[2] or c.name in sig[2])),
         "spot": spot_mask,
         "avoid": _avoid_mask(snapshot, wls, options),
     }

@@ -23,6 +23,7 @@ from broker.domain import (
     Cluster,
     DataSource,
     Interconnect,
+    NativeObjects,
     Offer,
     Placement,
     Pool,
@@ -44,7 +45,7 @@ from providers.base import Quota
 
 
 def spec_to_json(s: WorkloadSpec) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "name": s.name, "kind": str(s.kind), "image": s.image, "replicas": s.replicas,
         "resources": {"cpu": s.resources.cpu, "memory_gib": s.resources.memory_gib,
                       "gpu": s.resources.gpu},
@@ -64,6 +65,14 @@ def spec_to_json(s: WorkloadSpec) -> dict[str, Any]:
         "spot_ok": s.spot_ok, "labels": dict(s.labels), "env": dict(s.env),
         "command": list(s.command),
     }
+    # Newer fields only when set: a spec without them hashes as before (Idempotency-Key).
+    if s.cluster_names:
+        out["cluster_names"] = list(s.cluster_names)
+    if s.native is not None:
+        out["native"] = {"kind": s.native.kind, "workload": dict(s.native.workload),
+                         "companions": [dict(c) for c in s.native.companions],
+                         "defaulted": list(s.native.defaulted)}
+    return out
 
 
 def spec_from_json(d: Mapping[str, Any]) -> WorkloadSpec:
@@ -88,7 +97,16 @@ def spec_from_json(d: Mapping[str, Any]) -> WorkloadSpec:
         priority=int(d.get("priority", 0)), budget_usd_per_hour=d.get("budget_usd_per_hour"),
         spot_ok=bool(d.get("spot_ok", True)), labels=dict(d.get("labels", {})),
         env=dict(d.get("env", {})), command=tuple(d.get("command", ())),
+        cluster_names=tuple(d.get("cluster_names", ())), native=_native(d.get("native")),
     )
+
+
+def _native(d: Mapping[str, Any] | None) -> NativeObjects | None:
+    if not d:
+        return None
+    return NativeObjects(kind=str(d["kind"]), workload=dict(d["workload"]),
+                         companions=tuple(dict(c) for c in d.get("companions", ())),
+                         defaulted=tuple(d.get("defaulted", ())))
 
 
 def _canonical_stdlib(obj: Mapping[str, Any]) -> bytes:
