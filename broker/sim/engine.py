@@ -32,11 +32,10 @@ from broker.domain import (
     FederationSnapshot,
     Placement,
     PolicyAction,
-    Resources,
     UserRegion,
 )
 from broker.placement.planner import EpochPlan, PlannerConfig
-from broker.sim import physics
+from broker.sim import physics, training
 from broker.sim.metrics import Metrics
 from broker.sim.network import data_move, user_rtt_table
 from broker.sim.realize import TwinNoise, realize
@@ -426,38 +425,37 @@ class Engine:
         self._version += 1
 
     def _reserve(self, ws: WorkloadState, c: SimCluster, p: SimPool, want: int) -> int:
-        """Reserve up to `want` replicas on pool `p`, adding nodes as needed; returns placed."""
+        """Reserve up to `want` replicas on pool `p`, node by node; returns placed.
+
+        Each replica goes on one node (`SimPool.best_node`: bin-packing); a node is ordered
+        when none has room. Replicas start when their own nodes are up.
+        """
         ev = ws.ev
         gpu_nodes: list[list[Node]] = []
-        placed = 0
+        homes: list[tuple[Node, list[Node]]] = []
         for _ in range(want):
-            if not self._fits_aggregate(c, p, ev.cpu, ev.memory_gib):
+            home = self._node_for(c, p, ev.cpu, ev.memory_gib, ev.gpu)
+            if home is None:
                 break
+            homes.append(home)
             if ev.gpu:
-                nodes = self._take_gpus(c, p, ev.gpu)
-                if nodes is None:
-                    break
-                gpu_nodes.append(nodes)
-            p.used_cpu += ev.cpu
-            p.used_mem += ev.memory_gib
-            placed += 1
-        if not placed:
+                gpu_nodes.append(home[1])
+        if not homes:
             return 0
-        self._touch_idle(p, gpu_nodes)
+        placed = len(homes)
         p.add_demand(self.now, ev.cpu * placed, ev.gpu * placed, self.config.demand_tau_s)
         self.metrics.pools_changed()
-        nodes_ready = p.ready_for(self.now, gpu_nodes)
+        nodes = [h[0] for h in homes]
+        nodes_ready = max([self.now] + [n.ready_at for n in nodes]
+                          + [n.ready_at for grp in gpu_nodes for n in grp])
         waits_on_new = nodes_ready > self.now
         pull_needed = ev.id not in p.images or (waits_on_new and not all(
-            n.prewarmed for grp in gpu_nodes for n in grp))
-        if waits_on_new and not gpu_nodes:
-            pull_needed = pull_needed or not any(n.prewarmed and n.ready_at > self.now
-                                                 for n in p.node_list)
+            n.prewarmed for n in nodes if n.ready_at > self.now))
         pull_s = physics.transfer_s(ev.image_gb, self.scenario.defaults.image_pull_gbps) \
             if pull_needed else 0.0
         data_s = self._data_move(ws, c)
         g = Group(cluster=c.name, pool=p.name, count=placed, gpu_nodes=gpu_nodes,
-                  placed_s=self.now,
+                  placed_s=self.now, nodes=nodes,
                   ready_s=nodes_ready + pull_s + data_s + physics.POD_START_S)
         self._seq += 1
         g.token = self._seq
@@ -465,58 +463,35 @@ class Engine:
         self._push(g.ready_s, _READY, (ev.id, g.token))
         return placed
 
-    @staticmethod
-    def _touch_idle(p: SimPool, gpu_nodes: list[list[Node]]) -> None:
-        """Restart the scale-in timers of the idle nodes that new work actually lands on.
-
-        The scheduler bin-packs (kube-scheduler NodeResourcesFit `MostAllocated`; GKE's
-        `optimize-utilization` profile pairs scale-down with such packing): new replicas fill the
-        free room of busy nodes first and touch an idle node only for the part that does not
-        fit there; then the most recently idle nodes are used, so long-idle nodes keep their
-        timers. (The first version restarted the longest-idle timers on every placement, which
-        under steady churn kept idle nodes alive for hours: measured 0.43 CPU utilisation.)
-        """
-        for grp in gpu_nodes:
-            for n in grp:
-                n.idle_since = None
-        timed = [n for n in p.node_list if n.idle_since is not None]
-        if not timed:
-            return
-        free = p.free()
-        busy_cpu = free.cpu - len(timed) * p.node.cpu
-        busy_mem = free.memory_gib - len(timed) * p.node.memory_gib
-        need = 0
-        if busy_cpu < -1e-9 and p.node.cpu > 0:
-            need = math.ceil(-busy_cpu / p.node.cpu - 1e-9)
-        if busy_mem < -1e-9 and p.node.memory_gib > 0:
-            need = max(need, math.ceil(-busy_mem / p.node.memory_gib - 1e-9))
-        if need <= 0:
-            return
-        timed.sort(key=lambda n: -(n.idle_since or 0.0))
-        for n in timed[:need]:
-            n.idle_since = None
-
-    def _fits_aggregate(self, c: SimCluster, p: SimPool, cpu: float, mem: float) -> bool:
-        free = p.free()
-        if cpu <= free.cpu + 1e-9 and mem <= free.memory_gib + 1e-9:
-            return True
-        need = max(math.ceil((cpu - free.cpu) / p.node.cpu) if cpu > free.cpu else 0,
-                   math.ceil((mem - free.memory_gib) / p.node.memory_gib)
-                   if mem > free.memory_gib else 0)
-        return self._add_nodes(c, p, need) >= need
-
-    def _take_gpus(self, c: SimCluster, p: SimPool, gpus: int) -> list[Node] | None:
-        """GPUs on one node (best fit, ready first; one new node if needed), else spread."""
-        node = p.best_gpu_node(gpus, self.now)
-        if node is None and gpus <= p.node.gpu and self._add_nodes(c, p, 1):
-            node = p.best_gpu_node(gpus, self.now)
-        if node is not None:
-            node.gpu_free -= gpus
-            return [node] * gpus
-        short = gpus - sum(n.gpu_free for n in p.node_list)
-        if short > 0:
-            self._add_nodes(c, p, math.ceil(short / max(p.node.gpu, 1)))
-        return p.take_spread(gpus)
+    def _node_for(self, c: SimCluster, p: SimPool, cpu: float, mem: float,
+                  gpus: int) -> tuple[Node, list[Node]] | None:
+        """The node one replica runs on (and the node of each of its GPUs); None if full."""
+        node = p.node
+        if cpu > node.cpu + 1e-9 or mem > node.memory_gib + 1e-9:
+            return None
+        if gpus > node.gpu:
+            # More GPUs than a node has (a scenario the candidates filter would refuse live):
+            # GPUs spread over nodes, the pod's CPU on the first of them.
+            short = gpus - sum(n.gpu_free for n in p.node_list)
+            if short > 0:
+                self._add_nodes(c, p, math.ceil(short / max(node.gpu, 1)))
+            spread = p.take_spread(gpus)
+            if spread is None:
+                return None
+            home = next((n for n in spread if n.fits(node, cpu, mem, 0)), None)
+            if home is None:
+                for n in spread:
+                    n.gpu_free += 1
+                return None
+            p.occupy(home, cpu, mem, 0)
+            return home, spread
+        best = p.best_node(cpu, mem, gpus, self.now)
+        if best is None and self._add_nodes(c, p, 1):
+            best = p.best_node(cpu, mem, gpus, self.now)
+        if best is None:
+            return None
+        p.occupy(best, cpu, mem, gpus)
+        return best, [best] * gpus
 
     def _data_move(self, ws: WorkloadState, c: SimCluster) -> float:
         move = data_move(ws.ev, c.spec, self._specs, self.catalog,
@@ -547,25 +522,37 @@ class Engine:
 
     def _job_started(self, ws: WorkloadState) -> None:
         ev = ws.ev
+        run_s = ev.duration_s or 0.0
+        total_gpus = ev.gpu * ev.replicas
+        if ev.kind == "train" and total_gpus >= 2:
+            # Run time depends on placement (sim/training.py): trace time x s_ref / s.
+            s = self._job_speedup(ws)
+            run_s *= training.reference_speedup(total_gpus) / max(s, 1e-6)
+            if total_gpus == 8 and not ws.ever_started:
+                self.metrics.speedups_8gpu.append(s)
         if not ws.ever_started:
             ws.ever_started = True
             ws.started_s = self.now
             if ev.kind == "train" and ev.gpu > 0:
                 self.metrics.gpu_start_s.append(self.now - ev.submit_s)
-                total_gpus = ev.gpu * ev.replicas
-                if total_gpus == 8:
-                    self.metrics.speedups_8gpu.append(self._job_speedup(ws))
-        self._push(self.now + (ev.duration_s or 0.0), _FINISH, (ev.id, ws.run_token))
+        self._push(self.now + run_s, _FINISH, (ev.id, ws.run_token))
 
     def _job_speedup(self, ws: WorkloadState) -> float:
-        nodes = {id(n) for g in ws.groups for grp in g.gpu_nodes for n in grp}
-        pools = {(g.cluster, g.pool) for g in ws.groups}
-        total = ws.ev.gpu * ws.ev.replicas
-        if len(nodes) == 1 and len(pools) == 1:
-            cname, pname = next(iter(pools))
-            return physics.speedup(total, self.clusters[cname].pool(pname).spec.interconnect)
-        return physics.speedup(total, self.clusters[next(iter(pools))[0]].pools[0]
-                               .spec.interconnect, cross_node=True)
+        """The job's speedup where its GPUs are now (sim/training.py)."""
+        per_node: dict[int, tuple[Node, SimPool]] = {}
+        counts: dict[int, int] = {}
+        for g in ws.groups:
+            p = self.clusters[g.cluster].pool(g.pool)
+            for grp in g.gpu_nodes:
+                for n in grp:
+                    per_node[id(n)] = (n, p)
+                    counts[id(n)] = counts.get(id(n), 0) + 1
+        shares = [training.GpuShare(counts[k], p.spec.instance_type, p.spec.gpu_model,
+                                    p.spec.interconnect, p.cluster, n.zone, p.node.gpu)
+                  for k, (n, p) in per_node.items()]
+        pair_rtt, gbps = self.network
+        return training.job_speedup(shares, tcp_gbps=self.scenario.defaults.network_gbps,
+                                    cluster_gbps=gbps, cluster_rtt_ms=pair_rtt)
 
     def _finish(self, wid: str, token: int) -> None:
         ws = self.workloads.get(wid)
@@ -579,34 +566,51 @@ class Engine:
         self.metrics.service_changed(ws)
         self._version += 1
 
-    def _release(self, ws: WorkloadState, g: Group, k: int) -> None:
-        c = self.clusters[g.cluster]
-        p = c.pool(g.pool)
+    def _release(self, ws: WorkloadState, g: Group, k: int,
+                 which: list[int] | None = None) -> None:
+        """Free k replicas of group g: the newest ones, or the replica indexes `which`."""
+        p = self.clusters[g.cluster].pool(g.pool)
         ev = ws.ev
-        p.used_cpu = max(0.0, p.used_cpu - ev.cpu * k)
-        p.used_mem = max(0.0, p.used_mem - ev.memory_gib * k)
-        for grp in g.gpu_nodes[len(g.gpu_nodes) - k:] if ev.gpu else []:
-            for n in grp:
-                if n in p.node_list:
-                    n.gpu_free += 1
-        if ev.gpu:
-            del g.gpu_nodes[len(g.gpu_nodes) - k:]
-        g.count -= k
+        idx = sorted(which if which is not None else range(g.count - k, g.count), reverse=True)
+        for i in idx:
+            grp = g.gpu_nodes[i] if ev.gpu and i < len(g.gpu_nodes) else []
+            home = g.nodes[i] if i < len(g.nodes) else None
+            spread = bool(grp) and any(n is not home for n in grp)
+            if spread:
+                for n in grp:
+                    if n in p.node_list:
+                        n.gpu_free += 1
+            if home is not None:
+                p.vacate(home, ev.cpu, ev.memory_gib, 0 if spread else ev.gpu, self.now)
+            if grp:
+                del g.gpu_nodes[i]
+            if home is not None:
+                del g.nodes[i]
+        g.count -= len(idx)
         if g.count <= 0:
             ws.groups.remove(g)
         self.metrics.pools_changed()
         self._cap_version += 1
 
-    def _evict(self, ws: WorkloadState, groups: list[Group]) -> None:
-        """Replicas lost to a fault go back to pending; a gang job restarts whole."""
+    def _evict(self, ws: WorkloadState, groups: list[Group],
+               lost: Node | None = None) -> None:
+        """Replicas lost to a fault go back to pending; a gang job restarts whole.
+
+        With `lost` (a node that went), only a service's replicas on that node go.
+        """
         if ws.finished:
             return
         if ws.ev.kind != "service":
             groups = list(ws.groups)
             ws.run_token += 1
+            lost = None
         for g in groups:
-            n = g.count
-            self._release(ws, g, n)
+            which = None if lost is None else [
+                i for i in range(g.count)
+                if (i < len(g.nodes) and g.nodes[i] is lost)
+                or (i < len(g.gpu_nodes) and lost in g.gpu_nodes[i])]
+            n = g.count if which is None else len(which)
+            self._release(ws, g, n, which)
             ws.pending += n
         if ws.pending:
             self.pending[ws.ev.id] = None
@@ -648,26 +652,15 @@ class Engine:
             for _ in range(min(f.nodes, p.nodes)):
                 victim = p.node_list[self.rng.randrange(p.nodes)]
                 p.reclaims += 1
-                for ws in list(self.workloads.values()):
-                    hit = [g for g in ws.groups if g.cluster == c.name and g.pool == p.name
-                           and any(victim in grp for grp in g.gpu_nodes)]
-                    if hit:
-                        self._evict(ws, hit)
+                if victim.replicas or victim.gpu_free < p.node.gpu:
+                    for ws in list(self.workloads.values()):
+                        hit = [g for g in ws.groups if g.cluster == c.name and g.pool == p.name
+                               and (any(n is victim for n in g.nodes)
+                                    or any(victim in grp for grp in g.gpu_nodes))]
+                        if hit:
+                            self._evict(ws, hit, lost=victim)
                 p.node_list.remove(victim)
-                self._evict_overflow(c, p)
             self.metrics.pools_changed()
-
-    def _evict_overflow(self, c: SimCluster, p: SimPool) -> None:
-        cap = Resources(p.nodes * p.node.cpu, p.nodes * p.node.memory_gib)
-        victims = sorted(((g.placed_s, ws.ev.id, g) for ws in self.workloads.values()
-                          for g in ws.groups if g.cluster == c.name and g.pool == p.name),
-                         key=lambda x: (x[0], x[1]), reverse=True)
-        for _, wid, g in victims:
-            if p.used_cpu <= cap.cpu + 1e-9 and p.used_mem <= cap.memory_gib + 1e-9:
-                break
-            ws = self.workloads[wid]
-            if g in ws.groups:
-                self._evict(ws, [g])
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:

@@ -9,20 +9,29 @@ Formulas (also in docs/twin.md):
 - scale_out_response_s_p50/p95: from a `scale` event (or a service submit) to the moment its
   requested replica count runs; requests still open at the horizon count as (horizon - t).
 - cross_zone_traffic_frac = cross bytes / all bytes, over data moves (cross when source and
-  destination regions differ) and replica-to-replica traffic of multi-replica services
+  destination regions differ), replica-to-replica traffic of multi-replica services
   (SERVICE_PEER_GB_PER_REPLICA_HOUR per replica, the fraction of replica pairs in different
-  (cluster, zone) domains; replicas spread evenly over a cluster's zones, as the default
-  Kubernetes topology spread does).
+  (cluster, zone) domains, each replica in the zone of the node it runs on) and user traffic
+  under topology-aware routing (SERVICE_USER_GB_PER_REPLICA_HOUR per desired replica, split
+  over the clusters serving it by replicas, each cluster's share entering its zones evenly;
+  the share entering a zone without replicas of the service crosses a zone).
 - gpu_job_start_s_p50: train jobs with GPUs, submit -> all replicas running (placement +
   provisioning + image pull + data move); jobs not started by the horizon count as
   (horizon - submit).
-- gpu_util_std: every `sample_s`, the population std of per-node GPU allocation fraction over
-  ready GPU nodes; averaged over samples with >= 2 GPU nodes.
-- speedup_8gpu: mean physics.speedup of jobs using 8 GPUs, under the interconnect they got.
+- gpu_util_std: the time-weighted standard deviation, across GPUs, of each GPU's busy fraction
+  over its paid lifetime: every `sample_s` each paid GPU node (booting ones included) adds
+  `sample_s` of paid time to each of its GPUs and busy time to the first `used` of them (GPUs
+  are allocated lowest index first); at the end f_g = busy_g / paid_g, weights w_g = paid_g,
+  std = sqrt(sum w (f - mean_w f)^2 / sum w). An idle, paid GPU counts 0 for as long as it is
+  paid, so packing work onto fewer GPUs and releasing the rest never scores worse.
+- speedup_8gpu: mean sim/training.py speedup of the 8-GPU jobs as they ran (where their GPUs
+  were: one node's topology, or several nodes over RDMA/TCP, zones, clusters).
 - slo_violation_frac = integral(violating replica-s) / integral(target replica-s) over services
   with a latency SLO: target = min(desired, most replicas ever running); violating = target
-  minus replicas running where RTT(user_region, cluster) <= SLO. (Initial start-up is scale-out
-  response, not an SLO violation; losing served replicas to a failure is.)
+  minus replicas running in clusters where RTT(user_region, cluster) + the M/M/c waiting time
+  (sim/queueing.py, offered load from the desired replica count) <= SLO. (Initial start-up is
+  scale-out response, not an SLO violation; losing served replicas to a failure, serving out
+  of SLO, or running too few replicas for the load is.)
 - unplaced: workloads with replicas still pending at the horizon.
 - decision_ms_p99: wall-clock ms of the planner call (plus observe + forward pass for lp+rl
   in the epochs where the policy decides).
@@ -30,11 +39,12 @@ Formulas (also in docs/twin.md):
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import TYPE_CHECKING
 
-from broker.sim import physics
-from broker.sim.state import WorkloadState
+from broker.sim import physics, queueing
+from broker.sim.state import Group, Node, WorkloadState
 
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
@@ -64,7 +74,9 @@ class Metrics:
         self.gpu_start_s: list[float] = []
         self.speedups_8gpu: list[float] = []
         self.decision_ms: list[float] = []
-        self.gpu_std_samples: list[float] = []
+        # Per GPU node: (node, its GPU count, paid seconds, busy seconds of each GPU index).
+        self.gpu_time: dict[int, tuple[Node, int, list[float]]] = {}
+        self.gpu_paid_s: dict[int, float] = {}
         self.faults_applied = 0
         self.prewarmed_nodes = 0
         self.unplaced_reasons: dict[str, str] = {}
@@ -123,46 +135,97 @@ class Metrics:
         """Recompute this service's traffic and SLO contributions (rates per second)."""
         if ws.ev.kind != "service":
             return
-        eng = self.engine
         self.traffic_rate -= ws.traffic_rate
         self.xz_rate -= ws.xz_rate
         self.slo_target -= ws.slo_target
         self.slo_violation -= ws.slo_violation
         running = [g for g in ws.groups if g.running] if not ws.finished else []
-        n = sum(g.count for g in running)
-        rate = physics.SERVICE_PEER_GB_PER_REPLICA_HOUR / 3600.0 * n if n > 1 else 0.0
-        counts: list[float] = []
-        for g in running:
-            counts.extend(physics.zone_split(g.count, len(eng.clusters[g.cluster].spec.zones)))
-        ws.traffic_rate = rate
-        ws.xz_rate = rate * physics.cross_pair_fraction(counts)
+        ws.traffic_rate, ws.xz_rate = self._service_traffic(ws, running)
         ws.slo_target = ws.slo_violation = 0.0
         slo = ws.ev.latency_slo_ms
         if slo is not None and ws.ev.user_region and not ws.finished:
             target = min(ws.desired, ws.max_running)
-            ok = sum(g.count for g in running
-                     if eng.rtt.get((ws.ev.user_region, g.cluster), 0.0) <= slo)
             ws.slo_target = float(target)
-            ws.slo_violation = float(max(0, target - ok))
+            ws.slo_violation = float(max(0, target - self._served_in_slo(ws, running, slo)))
         self.traffic_rate += ws.traffic_rate
         self.xz_rate += ws.xz_rate
         self.slo_target += ws.slo_target
         self.slo_violation += ws.slo_violation
 
+    def _service_traffic(self, ws: WorkloadState, running: list[Group]) -> tuple[float, float]:
+        """(bytes/s, cross-zone bytes/s) of a service: peer traffic plus routed user traffic."""
+        eng = self.engine
+        zones_of: dict[str, dict[int, int]] = {}
+        for g in running:
+            per = zones_of.setdefault(g.cluster, {})
+            for node in g.nodes:
+                per[node.zone] = per.get(node.zone, 0) + 1
+        n = sum(sum(z.values()) for z in zones_of.values())
+        if n == 0:
+            return 0.0, 0.0
+        peer = physics.SERVICE_PEER_GB_PER_REPLICA_HOUR / 3600.0 * n if n > 1 else 0.0
+        counts = [float(c) for z in zones_of.values() for c in z.values()]
+        xz = peer * physics.cross_pair_fraction(counts)
+        user = physics.SERVICE_USER_GB_PER_REPLICA_HOUR / 3600.0 * max(ws.desired, n)
+        for cluster, per in zones_of.items():
+            share = user * sum(per.values()) / n
+            zones = max(1, len(eng.clusters[cluster].spec.zones))
+            xz += share * (zones - len(per)) / zones
+        return peer + user, xz
+
+    def _served_in_slo(self, ws: WorkloadState, running: list[Group], slo: float) -> int:
+        """Running replicas whose cluster answers within the SLO (RTT + M/M/c waiting)."""
+        per_cluster: dict[str, int] = {}
+        for g in running:
+            per_cluster[g.cluster] = per_cluster.get(g.cluster, 0) + g.count
+        n = sum(per_cluster.values())
+        if n == 0:
+            return 0
+        load = queueing.offered_load(ws.desired)
+        ok = 0
+        for cluster, c in per_cluster.items():
+            rtt = self.engine.rtt.get((ws.ev.user_region or "", cluster), 0.0)
+            if rtt + queueing.queue_wait_ms(c, load * c / n) <= slo:
+                ok += c
+        return ok
+
     def sample(self, now: float) -> None:
         if self._dirty:
             self._rates()
-        fracs = [1.0 - n.gpu_free / p.node.gpu
-                 for c in self.engine.clusters.values() for p in c.pools if p.node.gpu
-                 for n in p.node_list if n.ready_at <= now]
-        if len(fracs) >= 2:
-            self.gpu_std_samples.append(statistics.pstdev(fracs))
+        dt = self.engine.config.sample_s
+        for c in self.engine.clusters.values():
+            for p in c.pools:
+                gpus = p.node.gpu
+                if not gpus:
+                    continue
+                for n in p.node_list:
+                    entry = self.gpu_time.get(id(n))
+                    if entry is None:
+                        entry = (n, gpus, [0.0] * gpus)
+                        self.gpu_time[id(n)] = entry
+                    self.gpu_paid_s[id(n)] = self.gpu_paid_s.get(id(n), 0.0) + dt
+                    busy = entry[2]
+                    for i in range(gpus - n.gpu_free):
+                        busy[i] += dt
         self.series.append({
             "t_s": now, "cost_usd": self.cost_usd + self.egress_usd,
             "utilization_cpu": self.cpu_used / self.cpu_prov if self.cpu_prov else 0.0,
             "utilization_gpu": self.gpu_used / self.gpu_prov if self.gpu_prov else 0.0,
             "nodes": float(sum(p.nodes for c in self.engine.clusters.values() for p in c.pools)),
         })
+
+    def gpu_util_std(self) -> float | None:
+        """Time-weighted std across GPUs of busy / paid time (module docstring)."""
+        fracs: list[tuple[float, float]] = []
+        for key, (_, gpus, busy) in self.gpu_time.items():
+            paid = self.gpu_paid_s.get(key, 0.0)
+            if paid > 0:
+                fracs.extend((min(1.0, b / paid), paid) for b in busy[:gpus])
+        total = sum(w for _, w in fracs)
+        if len(fracs) < 2 or total <= 0:
+            return None
+        mean = sum(f * w for f, w in fracs) / total
+        return math.sqrt(sum(w * (f - mean) ** 2 for f, w in fracs) / total)
 
     # ---------------------------------------------------------------- result
     def censored(self) -> tuple[list[float], list[float]]:
@@ -196,8 +259,7 @@ class Metrics:
             "cross_zone_traffic_frac": rnd(self.xz_gb / self.traffic_gb if self.traffic_gb
                                            else 0.0),
             "gpu_job_start_s_p50": rnd(physics.percentile(gpu, 50), 1),
-            "gpu_util_std": rnd(statistics.fmean(self.gpu_std_samples)
-                                if self.gpu_std_samples else None),
+            "gpu_util_std": rnd(self.gpu_util_std()),
             "speedup_8gpu": rnd(statistics.fmean(self.speedups_8gpu)
                                 if self.speedups_8gpu else None, 3),
             "slo_violation_frac": rnd(self.slo_violation_s / self.slo_target_s

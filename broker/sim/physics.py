@@ -1,5 +1,9 @@
 """The twin's physical models: transfer times, multi-GPU speedup, service traffic. Pure.
 
+Queueing (`queue_wait_ms`) and the placement-dependent training speedup (`job_speedup`) live
+in `broker/sim/queueing.py` and `broker/sim/training.py`; this module keeps the constants the
+engine uses directly.
+
 Every constant has its source here and in docs/twin.md. Why one module: these are the
 assumptions a reader must be able to check (and change) in one place; the engine only
 calls them.
@@ -28,6 +32,9 @@ THROUGHPUT_FALLBACK_GBPS = 2.0
 # Replica-to-replica traffic of a multi-replica service (east-west RPC, cache sync):
 # an assumption (no public per-service trace gives it); 0.5 GB per replica-hour.
 SERVICE_PEER_GB_PER_REPLICA_HOUR = 0.5
+# User request/response traffic of a service, per replica-hour of the load it asked for
+# (desired replicas): an assumption of the same kind, 1 GB per replica-hour.
+SERVICE_USER_GB_PER_REPLICA_HOUR = 1.0
 
 # Data-parallel training step model (ring all-reduce, Patarasuk & Yuan 2009; NCCL docs):
 #   t_comm = 2 (k-1)/k * GRADIENT_GB / bus_GBps ;  speedup = k * t_c / (t_c + (1-OVERLAP) t_comm)
@@ -86,13 +93,6 @@ def cross_pair_fraction(counts: Iterable[float]) -> float:
     if n <= 1:
         return 0.0
     return 1.0 - sum(c * (c - 1) for c in cs) / (n * (n - 1))
-
-
-def zone_split(count: int, zones: int) -> list[float]:
-    """Replicas per zone under Kubernetes' default zone spreading (as even as possible)."""
-    z = max(1, zones)
-    base, extra = divmod(count, z)
-    return [float(base + (1 if i < extra else 0)) for i in range(z)]
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -7,9 +7,7 @@ node an observed node (booting until `ready_at`), replica counts and demand come
 engine's groups and per-pool EWMA, and the twin's user<->cluster RTT table plus the cluster
 graph's RTT/throughput (placement/network.py) are the network maps.
 
-The engine tracks CPU and memory per pool, not per node; they are spread over the pool's
-nodes here, filling nodes with work (a running timer) first, so nodes the engine would count
-idle show as empty `NodeState`s.
+Each simulated node reports what runs on it (the engine places every replica on a node).
 """
 
 from __future__ import annotations
@@ -78,28 +76,14 @@ def registered(c: SimCluster, now: float) -> Cluster:
 
 
 def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode, ...]:
-    """The pool's nodes, its aggregate CPU/memory spread over them (see the module doc)."""
-    order = sorted(range(len(p.node_list)), key=lambda i: (
-        p.node_list[i].idle_since is not None, p.node_list[i].ready_at, i))
-    cpu, mem = p.used_cpu, p.used_mem
-    cap_cpu, cap_mem = p.node.cpu, p.node.memory_gib
-    share: dict[int, tuple[float, float]] = {}
-    last = len(order) - 1
-    for k, i in enumerate(order):
-        if cpu <= 0.0 and mem <= 0.0:
-            break  # the rest are empty
-        take_cpu = cpu if k == last or cpu < cap_cpu else cap_cpu
-        take_mem = mem if k == last or mem < cap_mem else cap_mem
-        share[i] = (take_cpu if take_cpu > 0.0 else 0.0, take_mem if take_mem > 0.0 else 0.0)
-        cpu, mem = cpu - take_cpu, mem - take_mem
-    out = []
+    """The pool's nodes with what runs on each."""
     gpus, itype, prefix = p.node.gpu, p.spec.instance_type, f"{c.name}/{p.name}/"
+    out = []
     for i, n in enumerate(p.node_list):
         up = n.ready_at <= now
-        used_cpu, used_mem = share.get(i, (0.0, 0.0))
         out.append(ObservedNode(
             name=prefix + str(i), pool=p.name, allocatable=p.node,
-            allocated=Resources(used_cpu, used_mem, gpus - n.gpu_free),
+            allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
             instance_type=itype, ready=up, ever_ready=up,
             idle_since_s=n.idle_since, prewarmed=n.prewarmed))
     return tuple(out)

@@ -1,11 +1,12 @@
 """Mutable simulated state: pools with nodes, clusters, and the workloads in flight.
 
 Capacity model: a pool is a list of nodes, each with the time it becomes ready (booting nodes
-are paid and may be reserved, but replicas on them start only once they are up). CPU and
-memory are tracked per pool in aggregate (the planner sees pools in aggregate too); GPUs are
-tracked per node because multi-GPU jobs need GPUs on one node and the speedup depends on it.
-The engine checks the invariant `used <= provisioned` (per pool, and GPUs per node) after
-every change; `CapacityError` means a bug, never a normal outcome.
+are paid and may be reserved, but replicas on them start only once they are up), its zone,
+and what runs on it: CPU, memory and GPUs are tracked per node, because Kubernetes places a
+pod on one node and a node can only go when nothing runs on it (no free repacking: a pool is
+not a fluid). Pool totals (`used_cpu`, `used_mem`) are kept alongside for the planner, which
+sees pools in aggregate plus their nodes. The engine checks `used <= allocatable` per node
+and per pool after every change; `CapacityError` means a bug, never a normal outcome.
 """
 
 from __future__ import annotations
@@ -23,12 +24,26 @@ class CapacityError(RuntimeError):
     """The simulated state broke a capacity invariant (a bug in the twin or the planner)."""
 
 
+_EPS = 1e-9
+
+
 @dataclass(slots=True, eq=False)
 class Node:
     ready_at: float
     gpu_free: int
     prewarmed: bool = False
     idle_since: float | None = None  # scale-in timer (Cluster Autoscaler's "unneeded")
+    zone: int = 0  # index into the cluster's zones
+    used_cpu: float = 0.0
+    used_mem: float = 0.0
+    replicas: int = 0  # replicas placed here (GPU-only shares of a spread replica excluded)
+
+    def empty(self, gpus: int) -> bool:
+        return self.replicas == 0 and self.gpu_free >= gpus
+
+    def fits(self, node: Resources, cpu: float, mem: float, gpus: int) -> bool:
+        return (self.used_cpu + cpu <= node.cpu + _EPS
+                and self.used_mem + mem <= node.memory_gib + _EPS and self.gpu_free >= gpus)
 
 
 @dataclass(slots=True)
@@ -44,6 +59,7 @@ class SimPool:
     demand_cpu_per_s: float = 0.0  # EWMA of reserved cpu per second (prewarm forecast)
     demand_gpu_per_s: float = 0.0  # the same for GPUs
     demand_at_s: float = 0.0  # when the two rates above were last brought up to date
+    zones: int = 1  # the cluster's zone count: new nodes go to the zone with fewest nodes
 
     @property
     def name(self) -> str:
@@ -90,23 +106,46 @@ class SimPool:
         return max((n.gpu_free for n in self.node_list), default=0) if self.node.gpu else 0
 
     def idle_nodes(self, now: float) -> list[Node]:
-        """Ready nodes that could go without evicting anything (aggregate CPU/memory model)."""
-        free = self.free()
-        k = int(min(free.cpu // max(self.node.cpu, 1e-9),
-                    free.memory_gib // max(self.node.memory_gib, 1e-9)))
-        if k <= 0:
-            return []
-        ready = [n for n in self.node_list if n.ready_at <= now and n.gpu_free == self.node.gpu]
+        """Ready nodes with nothing on them, idle longest first (the only ones that may go)."""
+        gpus = self.node.gpu
+        ready = [n for n in self.node_list if n.ready_at <= now and n.empty(gpus)]
         # Nodes idle longest first, so a node's timer survives other nodes coming and going.
         ready.sort(key=lambda n: (n.idle_since is None, n.idle_since or 0.0, -n.ready_at))
-        return ready[:k]
+        return ready
 
-    def best_gpu_node(self, gpus: int, now: float) -> Node | None:
-        """Best fit for `gpus` GPUs on one node: ready nodes first, then fewest free GPUs."""
-        fit = [n for n in self.node_list if n.gpu_free >= gpus]
+    def best_node(self, cpu: float, mem: float, gpus: int, now: float) -> Node | None:
+        """Where one replica goes: kube-scheduler `MostAllocated` bin-packing (best fit).
+
+        Ready nodes before booting ones, then the node with the fewest free GPUs, then the
+        least free CPU (so work fills busy nodes and empty ones stay empty and can go).
+        """
+        node = self.node
+        fit = [n for n in self.node_list if n.fits(node, cpu, mem, gpus)]
         if not fit:
             return None
-        return min(fit, key=lambda n: (n.ready_at > now, n.gpu_free, n.ready_at))
+        return min(fit, key=lambda n: (n.ready_at > now, n.gpu_free if gpus else 0,
+                                       node.cpu - n.used_cpu, n.ready_at))
+
+    def occupy(self, n: Node, cpu: float, mem: float, gpus: int) -> None:
+        n.used_cpu += cpu
+        n.used_mem += mem
+        n.gpu_free -= gpus
+        n.replicas += 1
+        n.idle_since = None
+        self.used_cpu += cpu
+        self.used_mem += mem
+
+    def vacate(self, n: Node, cpu: float, mem: float, gpus: int, now: float) -> None:
+        self.used_cpu = max(0.0, self.used_cpu - cpu)
+        self.used_mem = max(0.0, self.used_mem - mem)
+        if n not in self.node_list:
+            return  # the node is gone (reclaimed): nothing to give back
+        n.used_cpu = max(0.0, n.used_cpu - cpu)
+        n.used_mem = max(0.0, n.used_mem - mem)
+        n.gpu_free = min(self.node.gpu, n.gpu_free + gpus)
+        n.replicas = max(0, n.replicas - 1)
+        if n.empty(self.node.gpu) and n.ready_at <= now:
+            n.idle_since = now
 
     def take_spread(self, gpus: int) -> list[Node] | None:
         """Take `gpus` GPUs across nodes (most free first); None if the pool lacks them."""
@@ -116,28 +155,21 @@ class SimPool:
         for n in sorted(self.node_list, key=lambda n: -n.gpu_free):
             while n.gpu_free > 0 and len(taken) < gpus:
                 n.gpu_free -= 1
+                n.idle_since = None
                 taken.append(n)
         return taken
 
-    def ready_for(self, now: float, gpu_nodes: list[list[Node]]) -> float:
-        """When enough nodes are up to hold everything reserved here (and these GPUs' nodes)."""
-        t = now
-        for grp in gpu_nodes:
-            for n in grp:
-                t = max(t, n.ready_at)
-        need = max(math.ceil(self.used_cpu / self.node.cpu - 1e-9) if self.node.cpu else 0,
-                   math.ceil(self.used_mem / self.node.memory_gib - 1e-9)
-                   if self.node.memory_gib else 0)
-        if 0 < need <= self.nodes:
-            t = max(t, self.node_list[need - 1].ready_at)
-        return t
-
     def add_nodes(self, count: int, ready_at: float, *, prewarmed: bool = False) -> int:
+        """Order nodes; each goes to the zone with the fewest nodes (zone-balanced groups)."""
         count = max(0, min(count, self.spec.max_nodes - self.nodes))
         for _ in range(count):
+            per_zone = [0] * max(1, self.zones)
+            for n in self.node_list:
+                per_zone[n.zone % len(per_zone)] += 1
+            zone = per_zone.index(min(per_zone))
             keys = [n.ready_at for n in self.node_list]
             self.node_list.insert(bisect.bisect_right(keys, ready_at),
-                                  Node(ready_at, self.node.gpu, prewarmed))
+                                  Node(ready_at, self.node.gpu, prewarmed, zone=zone))
         return count
 
     def check(self) -> None:
@@ -150,6 +182,11 @@ class SimPool:
                                 f"{self.used_mem:.2f} > {n} nodes of {self.node}")
         if any(x.gpu_free < 0 or x.gpu_free > self.node.gpu for x in self.node_list):
             raise CapacityError(f"{self.cluster}/{self.name}: GPU count per node out of range")
+        node = self.node
+        for x in self.node_list:
+            if x.used_cpu > node.cpu + eps or x.used_mem > node.memory_gib + eps:
+                raise CapacityError(f"{self.cluster}/{self.name}: a node holds cpu "
+                                    f"{x.used_cpu:.2f} mem {x.used_mem:.2f} > {node}")
 
 
 @dataclass(slots=True)
@@ -178,8 +215,9 @@ class SimCluster:
 
 
 def make_cluster(spec: ClusterSpec) -> SimCluster:
-    pools = [SimPool(spec=p, cluster=spec.name,
-                     node_list=[Node(0.0, p.node.gpu) for _ in range(p.nodes)])
+    zones = max(1, len(spec.zones))
+    pools = [SimPool(spec=p, cluster=spec.name, zones=zones,
+                     node_list=[Node(0.0, p.node.gpu, zone=i % zones) for i in range(p.nodes)])
              for p in spec.pools]
     return SimCluster(spec=spec, pools=pools, quota_vcpu=spec.quota_vcpu)
 
@@ -193,6 +231,7 @@ class Group:
     count: int
     gpu_nodes: list[list[Node]]  # per replica: the node of each of its GPUs
     placed_s: float
+    nodes: list[Node] = field(default_factory=list)  # per replica: the node it runs on
     ready_s: float = math.inf
     running: bool = False
     token: int = 0  # identifies this group in scheduled events

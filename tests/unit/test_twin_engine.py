@@ -155,7 +155,6 @@ def test_quota_cut_blocks_new_nodes() -> None:
 def test_cross_zone_counts_data_moves_and_peer_traffic() -> None:
     assert physics.cross_pair_fraction([2, 2]) == pytest.approx(1 - 4 / 12)
     assert physics.cross_pair_fraction([3]) == 0.0
-    assert physics.zone_split(5, 2) == [3.0, 2.0]
     d = copy.deepcopy(doc())
     m, eng = run(scenario(d, "a,0,batch,1,1,1,0,60,,,4,c1,0\n"))
     assert m["cross_zone_traffic_frac"] == 0.0  # data in the same region

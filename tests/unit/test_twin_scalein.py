@@ -1,9 +1,10 @@
-"""Scale-in timers under a bin-packing scheduler (docs/twin.md, "where new work lands")."""
+"""Scale-in timers under a bin-packing scheduler (docs/twin.md, "where new work lands").
+
+Pools are made of nodes: only a node with nothing on it is idle and may go."""
 
 from __future__ import annotations
 
 from broker.domain import Resources
-from broker.sim.engine import Engine
 from broker.sim.scenario import PoolSpec
 from broker.sim.state import Node, SimPool
 
@@ -15,23 +16,26 @@ def _pool(n_nodes: int) -> SimPool:
 
 
 def test_work_that_fits_busy_nodes_keeps_idle_timers() -> None:
+    # Bin-packing: the new replica goes on the busy node with room; empty nodes keep timers.
     p = _pool(3)
+    p.occupy(p.node_list[0], 3.0, 3.0, 0)
     p.node_list[1].idle_since = 100.0
     p.node_list[2].idle_since = 200.0
-    p.used_cpu, p.used_mem = 3.0, 3.0  # one busy node with 1 vCPU free, then 1 more arrives
-    p.used_cpu += 1.0
-    Engine._touch_idle(p, [])
+    home = p.best_node(1.0, 1.0, 0, now=300.0)
+    assert home is p.node_list[0]
+    p.occupy(home, 1.0, 1.0, 0)
     assert [n.idle_since for n in p.node_list] == [None, 100.0, 200.0]
+    assert [n.idle_since for n in p.idle_nodes(300.0)] == [100.0, 200.0]
 
 
-def test_overflow_restarts_the_most_recently_idle_timer_only() -> None:
-    p = _pool(3)
-    p.node_list[1].idle_since = 100.0
-    p.node_list[2].idle_since = 200.0
-    p.used_cpu, p.used_mem = 6.0, 6.0  # 2 vCPU more than the busy node holds
-    Engine._touch_idle(p, [])
-    assert p.node_list[1].idle_since == 100.0  # the longest-idle node keeps counting
-    assert p.node_list[2].idle_since is None
+def test_a_node_with_work_is_never_idle_and_its_timer_starts_when_it_empties() -> None:
+    p = _pool(2)
+    p.occupy(p.node_list[0], 1.0, 1.0, 0)
+    p.occupy(p.node_list[1], 1.0, 1.0, 0)
+    assert p.idle_nodes(10.0) == []  # 2 vCPU of 8 in use, yet no node may go
+    p.vacate(p.node_list[1], 1.0, 1.0, 0, now=50.0)
+    assert p.idle_nodes(60.0) == [p.node_list[1]]
+    assert p.node_list[1].idle_since == 50.0
 
 
 def test_baseline_totals_replay_fixed_weight_lp() -> None:

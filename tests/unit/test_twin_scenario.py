@@ -29,6 +29,8 @@ class FakeCatalog:
         "cpu4": Offer("aws", "r1", "cpu4", 4.0, 16.0, price_usd_per_hour=1.0),
         "gpu8": Offer("aws", "r1", "gpu8", 32.0, 256.0, 8, "A100", Interconnect.NVLINK_FULL,
                       price_usd_per_hour=10.0, spot_price_usd_per_hour=4.0),
+        "gpu4pcie": Offer("aws", "r1", "gpu4pcie", 16.0, 64.0, 4, "T4", Interconnect.PCIE,
+                          price_usd_per_hour=2.0),
     }
 
     def offer(self, provider: str, region: str, instance_type: str) -> Offer:

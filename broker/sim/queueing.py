@@ -1,0 +1,54 @@
+"""Load-dependent service latency: an M/M/c queue per replica set. Pure.
+
+Why: without queueing an under-provisioned service (fewer replicas than its load needs,
+e.g. while a scale-out is still booting nodes) never violates its SLO in the twin, so a
+policy that answers scale requests slowly looks as good as one that answers at once.
+
+Model (Erlang C; Kleinrock, *Queueing Systems* vol. 1, 1975, section 3.5):
+- the trace says how many replicas a service wants, not its request rate, so the offered
+  load is what its desired replica count was sized for: lambda = desired x mu x
+  `TARGET_UTILIZATION` (a Horizontal Pod Autoscaler sizes replicas to a target utilisation;
+  Kubernetes' HPA walkthrough uses 50 %), with service time 1/mu = `SERVICE_TIME_MS`
+  (an assumption: a few milliseconds of work per request);
+- the load balancer spreads requests evenly over the running replicas; the replicas of one
+  cluster form an M/M/c queue with c = their count and lambda_c = lambda x c / n;
+- the waiting time W_q = C(c, a) / (c mu - lambda_c), a = lambda_c / mu, C = Erlang C computed
+  through the Erlang B recursion B(0) = 1, B(j) = a B(j-1) / (j + a B(j-1)),
+  C = c B / (c - a (1 - B)); infinite when lambda_c >= c mu (the queue grows without bound);
+- a replica set serves inside the SLO when RTT(user region, cluster) + W_q <= the SLO (the
+  SLO bounds network plus waiting; the service time itself is the application's own).
+"""
+
+from __future__ import annotations
+
+import math
+
+TARGET_UTILIZATION = 0.5
+SERVICE_TIME_MS = 5.0
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that a request waits in an M/M/c queue (offered load a = lambda/mu)."""
+    if servers <= 0 or offered >= servers:
+        return 1.0
+    if offered <= 0:
+        return 0.0
+    b = 1.0
+    for j in range(1, servers + 1):
+        b = offered * b / (j + offered * b)
+    return servers * b / (servers - offered * (1.0 - b))
+
+
+def queue_wait_ms(servers: int, offered: float, service_ms: float = SERVICE_TIME_MS) -> float:
+    """Mean waiting time (ms) of M/M/c with `servers` replicas and offered load `offered`."""
+    if servers <= 0 or offered >= servers:
+        return math.inf
+    if offered <= 0:
+        return 0.0
+    mu = 1.0 / service_ms
+    return erlang_c(servers, offered) / (servers * mu - offered * mu)
+
+
+def offered_load(desired: int) -> float:
+    """Offered load (in replicas' worth of work) of a service that asked for `desired`."""
+    return max(0, desired) * TARGET_UTILIZATION

@@ -1,0 +1,151 @@
+"""How fast a data-parallel training job runs where it was placed. Pure.
+
+Why: a job's run time must depend on its placement, or the twin cannot tell a policy that
+packs an 8-GPU job onto one NVSwitch node from one that splits it over two PCIe nodes over
+TCP. The model is one ring all-reduce per step (Patarasuk & Yuan 2009; NCCL's ring):
+
+    T_ar = 2 (k-1)/k x S / B + 2 (k-1) x a          (bandwidth term + per-step latency term)
+    T_k  = T_c + max(0, T_ar - phi x T_c)            (phi of compute hides communication)
+    speedup = k x T_c / T_k                          (data parallel, fixed per-GPU batch)
+
+with S = physics.GRADIENT_GB, T_c = physics.STEP_COMPUTE_S, phi = physics.OVERLAP, and the
+ring's bottleneck B (GB/s per direction) and hop latency a taken from where the GPUs are:
+
+- all GPUs on one node: the best ring through the node's GPUs in its reference topology
+  (`placement/topology.py`: NVSwitch, NVLink pairs / cube-mesh, PCIe and the socket link);
+- GPUs on several nodes: B = min over nodes of (the ring inside the node's share, the node's
+  network path). The path is GPUDirect RDMA when the instance has it (`RDMA_GBPS`, at
+  `RDMA_EFFICIENCY` of line rate) and every node of the job is in one zone of one cluster
+  (EFA/InfiniBand fabrics do not cross zones); a GPU whose NUMA node has no NIC
+  (`topology.Allocation.nic_local` < 1) crosses the socket link first, so B is capped by
+  `topology.CROSS_SOCKET_GBYTES`. Otherwise NCCL's socket transport over TCP at
+  `TCP_EFFICIENCY` of the node's NIC (`NIC_GBPS`, else the scenario's `network_gbps`), and
+  across clusters also at most the clusters' measured throughput;
+- hop latency a: `HOP_LATENCY_S` by path (RDMA, same-zone TCP, cross-zone) or half the
+  clusters' RTT.
+
+A job's actual run time is the trace's run time x s_ref / s, where s_ref = `reference_speedup(k)`
+is the speedup on the best hardware the model knows (NVSwitch nodes of 8 A100 joined by
+400 Gbps RDMA): the trace's run time is taken to be the job's run time placed ideally (an
+assumption: no public trace records the placement its run times came from).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from broker.domain import Interconnect
+from broker.placement import topology
+from broker.sim import physics
+
+# GPUDirect RDMA line rate per node, Gbit/s (vendors' instance pages): p4d.24xlarge 4 x 100
+# Gbps EFA; p5.48xlarge 32 x 100 Gbps EFA; Azure ND A100 v4 8 x 200 Gbps HDR InfiniBand.
+RDMA_GBPS = {"p4d.": 400.0, "p4de.": 400.0, "p5.": 3200.0, "standard_nd96asr_v4": 1600.0,
+             "standard_nd96amsr_a100_v4": 1600.0}
+# Node NIC, Gbit/s, for NCCL over TCP (vendors' instance pages); others use network_gbps.
+NIC_GBPS = {"a2-highgpu-8g": 100.0, "g5.48xlarge": 100.0, "g4dn.12xlarge": 50.0,
+            "g2-standard-96": 100.0, "g2-standard-48": 50.0, "p3.16xlarge": 25.0,
+            "standard_nc64as_t4_v3": 32.0}
+# nccl-tests all-reduce bus bandwidth reaches ~85-90 % of the line rate over InfiniBand/EFA;
+# NCCL's socket transport over TCP typically half (assumptions stated in docs/twin.md).
+RDMA_EFFICIENCY = 0.85
+TCP_EFFICIENCY = 0.5
+# Per-step hop latency of the ring, seconds: RDMA ~5 us, TCP in one zone ~50 us,
+# across zones of one region ~1 ms (providers quote single-digit ms between AZs).
+HOP_LATENCY_S = {"rdma": 5e-6, "tcp": 5e-5, "zone": 1e-3}
+REFERENCE_NODE_GPUS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """The GPUs a job holds on one node, and where that node is."""
+
+    gpus: int
+    instance_type: str
+    gpu_model: str | None
+    interconnect: Interconnect
+    cluster: str
+    zone: int
+    node_gpus: int
+
+
+def _lookup(table: dict[str, float], instance_type: str) -> float | None:
+    it = instance_type.lower()
+    for prefix, value in table.items():
+        if it.startswith(prefix):
+            return value
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _inside(gpus: int, instance_type: str, gpu_model: str | None, interconnect: Interconnect,
+            node_gpus: int) -> tuple[float, float]:
+    """(ring GB/s inside the node for `gpus` GPUs, NIC-local fraction): topology.allocate."""
+    topo = topology.for_instance(instance_type, max(node_gpus, gpus), gpu_model, interconnect)
+    alloc = topology.allocate(topo, gpus)
+    if alloc is None:
+        return topology.CROSS_SOCKET_GBYTES, 0.0
+    return alloc.ring_gbytes, alloc.nic_local
+
+
+def _step_speedup(k: int, ring_gbytes: float, hop_s: float) -> float:
+    t_ar = topology.allreduce_s(k, physics.GRADIENT_GB, ring_gbytes) + 2.0 * (k - 1) * hop_s
+    t_c = physics.STEP_COMPUTE_S
+    return k * t_c / (t_c + max(0.0, t_ar - physics.OVERLAP * t_c))
+
+
+def job_speedup(shares: Sequence[GpuShare], *, tcp_gbps: float,
+                cluster_gbps: dict[tuple[str, str], float] | None = None,
+                cluster_rtt_ms: dict[tuple[str, str], float] | None = None) -> float:
+    """Effective speedup over one GPU of a job holding `shares` (module docstring)."""
+    k = sum(s.gpus for s in shares)
+    if k <= 1:
+        return float(max(k, 0))
+    if len(shares) == 1:
+        s = shares[0]
+        ring, _ = _inside(s.gpus, s.instance_type, s.gpu_model, s.interconnect, s.node_gpus)
+        return _step_speedup(k, ring, 0.0)
+    clusters = {s.cluster for s in shares}
+    zones = {(s.cluster, s.zone) for s in shares}
+    rdma = len(zones) == 1 and all(_lookup(RDMA_GBPS, s.instance_type) for s in shares)
+    hop = HOP_LATENCY_S["rdma" if rdma else "tcp" if len(zones) == 1 else "zone"]
+    bottleneck = math.inf
+    for s in shares:
+        ring, nic_local = _inside(s.gpus, s.instance_type, s.gpu_model, s.interconnect,
+                                  s.node_gpus)
+        if rdma:
+            net = (_lookup(RDMA_GBPS, s.instance_type) or 0.0) / 8.0 * RDMA_EFFICIENCY
+            if nic_local < 1.0:
+                net = min(net, topology.CROSS_SOCKET_GBYTES)
+        else:
+            net = (_lookup(NIC_GBPS, s.instance_type) or tcp_gbps) / 8.0 * TCP_EFFICIENCY
+        bottleneck = min(bottleneck, ring, net)
+    if len(clusters) > 1:
+        names = sorted(clusters)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                gbps = (cluster_gbps or {}).get((a, b)) or (cluster_gbps or {}).get((b, a))
+                if gbps:
+                    bottleneck = min(bottleneck, gbps / 8.0 * TCP_EFFICIENCY)
+                rtt = (cluster_rtt_ms or {}).get((a, b)) or (cluster_rtt_ms or {}).get((b, a))
+                if rtt:
+                    hop = max(hop, rtt / 2000.0)
+    return _step_speedup(k, bottleneck, hop)
+
+
+@functools.lru_cache(maxsize=64)
+def reference_speedup(k: int) -> float:
+    """Speedup of k GPUs on the reference hardware: NVSwitch A100 nodes of 8, 400 Gbps RDMA."""
+    if k <= 1:
+        return float(max(k, 0))
+    shares = []
+    left = k
+    while left > 0:
+        take = min(left, REFERENCE_NODE_GPUS)
+        shares.append(GpuShare(take, "p4d.24xlarge", "A100", Interconnect.NVLINK_FULL, "ref",
+                               0, REFERENCE_NODE_GPUS))
+        left -= take
+    return job_speedup(shares, tcp_gbps=100.0)
