@@ -39,13 +39,14 @@ from broker.federation.looping import Loop, supervise
 from broker.federation.runtime import Runtime
 from broker.settings import Settings, load_settings
 from broker.store import Store
+from broker.store.leadership import SqliteLock
 
 log = logging.getLogger("skyfed")
 TOKEN_FILE = "token"
 SHUTDOWN_GRACE_S = 10.0  # how long loops get to finish after the stop event
 
-__all__ = ["Runtime", "build_loops", "build_runtime", "create_app", "load_settings", "serve",
-           "start_up"]
+__all__ = ["Runtime", "build_loops", "build_runtime", "create_app", "load_settings",
+           "replica_loops", "serve", "start_up"]
 
 
 def build_runtime(settings: Settings, *, clock: Clock | None = None) -> Runtime:
@@ -173,7 +174,12 @@ async def serve(settings: Settings, *, migrate: bool = False, api_only: bool = F
     """Run the broker until SIGTERM/SIGINT. Raises `BrokerError` on a bad start."""
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sqlite_lock = SqliteLock.for_url(settings.store_url)
+    if sqlite_lock is not None:
+        sqlite_lock.acquire()  # a second broker on this file refuses to start (ConfigError)
     rt = build_runtime(settings)
+    if sqlite_lock is None:  # PostgreSQL: replicas; the loops write only as the leader
+        rt.fenced_store = rt.store.fenced(rt.fence)
     try:
         if migrate:
             from broker.store import migrate as migrations
@@ -187,6 +193,7 @@ async def serve(settings: Settings, *, migrate: bool = False, api_only: bool = F
         if not api_only:
             await start_up(rt)
         loops = [] if api_only else build_loops(rt)
+        loops = replica_loops(rt, loops, port=settings.api.port if port is None else port)
         config = uvicorn.Config(create_app(rt), host=settings.api.host,
                                 port=settings.api.port if port is None else port,
                                 workers=1, log_level="warning", access_log=False,
@@ -208,6 +215,20 @@ async def serve(settings: Settings, *, migrate: bool = False, api_only: bool = F
                         task.cancel()
     finally:
         await rt.store.close()
+        if sqlite_lock is not None:
+            sqlite_lock.release()
+
+
+def replica_loops(rt: Runtime, loops: list[Loop], *, port: int | None = None) -> list[Loop]:
+    """What this replica runs: on SQLite (one broker) `loops` themselves; on PostgreSQL the
+    leader elector over `loops` plus the wake notifier (broker/federation/leader.py), so
+    the loops run in one replica while every replica serves the API."""
+    if rt.fenced_store is None:
+        return loops
+    from broker.federation.leader import make_leadership
+
+    elector, notifier = make_leadership(rt, loops, port=port)
+    return [elector, notifier]
 
 
 def _tune_gc() -> None:

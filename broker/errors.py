@@ -12,6 +12,7 @@ maps it to RFC 9457 problem+json in one handler (`broker/api/problems.py`).
           +-- ConflictError          (409) a unique key already holds a different row
           |    +-- IdempotencyError  (409) same Idempotency-Key, different body
           +-- SchemaOutdatedError    (503) the database is not at the code's migration head
+          +-- FencedError            (503) a deposed leader's write, refused (store/leadership.py)
 
 Subclasses carry data (`NotFoundError(kind="workload", key="w-1")`) so callers
 can act on more than the message.
@@ -88,3 +89,9 @@ class IdempotencyError(ConflictError):
 
 class SchemaOutdatedError(StoreError):
     title = "Database not migrated"
+
+
+class FencedError(StoreError):
+    """A singleton loop's write from a replica that no longer holds the leader epoch."""
+
+    title = "Not the leader"

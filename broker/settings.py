@@ -170,6 +170,15 @@ class SnapshotSettings(BaseModel):
     demand_tau_s: float = Field(default=900.0, gt=0)
 
 
+class HaSettings(BaseModel):
+    """Broker replicas on PostgreSQL (broker/federation/leader.py, docs/operations.md)."""
+
+    retry_s: float = Field(default=0.5, gt=0, le=60)  # a candidate's lock tries
+    check_s: float = Field(default=0.5, gt=0, le=60)  # the leader's session checks
+    session_timeout_s: float = Field(default=2.0, gt=0, le=60)  # connect / check bound
+    grace_s: float = Field(default=2.0, gt=0, le=60)  # loops' time to stop on step-down
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SKYFED_",
@@ -190,6 +199,7 @@ class Settings(BaseSettings):
     sync: SyncSettings = Field(default_factory=SyncSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings)
+    ha: HaSettings = Field(default_factory=HaSettings)
 
     @property
     def store_url(self) -> str:

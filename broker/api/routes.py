@@ -178,8 +178,7 @@ async def submit_workload(request: Request) -> Response:
                 raise
     if created:
         metrics.submitted.labels(str(spec.kind)).inc()
-        if rt.placement_loop is not None:
-            rt.placement_loop.wake()  # event-driven: it batches for placement.batch_window_s
+        rt.wake_placement()  # event-driven (batched for placement.batch_window_s), any replica
     return JsonResponse(workload_view(rec), status_code=201 if created else 200,
                         headers={"Location": f"/v1/workloads/{rec.workload.id}"})
 

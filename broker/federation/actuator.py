@@ -295,5 +295,5 @@ def prewarm_spec(rec: DecisionRecord) -> PrewarmSpec:
 def make_actuator(rt: Runtime) -> Actuator:
     """The actuator over `rt.drivers` and `rt.accounts`; the placement loop wakes it after
     each commit."""
-    return Actuator(rt.store, rt.drivers, rt.clock, accounts=rt.accounts,
+    return Actuator(rt.loop_store(), rt.drivers, rt.clock, accounts=rt.accounts,
                     settings=rt.settings.actuator)

@@ -177,7 +177,7 @@ class Dispatcher(PollingLoop):
 def make_dispatcher(rt: Runtime) -> Dispatcher:
     """The dispatcher, woken by the placement loop; it wakes the reconciler (looked up when
     called: it is built after this)."""
-    disp = Dispatcher(rt.store, rt.drivers, rt.clock)
+    disp = Dispatcher(rt.loop_store(), rt.drivers, rt.clock)
 
     def wake_reconciler(clusters: set[str]) -> None:
         if rt.reconciler is not None:

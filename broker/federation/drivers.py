@@ -386,5 +386,5 @@ async def install_drivers(rt: Runtime) -> None:
 def make_driver_refresh(rt: Runtime) -> DriverRefreshLoop:
     """Keeps the registry in step with the store every `rt.drivers_refresh_s`; closes it on
     stop."""
-    return DriverRefreshLoop(registry_of(rt), rt.store, rt.clock,
+    return DriverRefreshLoop(registry_of(rt), rt.loop_store(), rt.clock,
                              interval_s=rt.drivers_refresh_s, close_on_stop=True)

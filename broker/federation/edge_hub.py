@@ -414,7 +414,7 @@ def make_edge_hub(rt: Runtime) -> EdgeHub | None:
     composition root must run `broker.federation.mqtt_embedded.EmbeddedBroker` first.
     """
     settings = rt.settings
-    store = rt.store
+    store = rt.loop_store()
     clock = rt.clock
 
     async def load_sites() -> Sequence[Site]:

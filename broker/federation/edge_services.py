@@ -63,7 +63,7 @@ def edge_services_loader(rt: Runtime) -> Callable[[], Awaitable[Sequence[EdgeSer
     """An `EdgeHub.service_loader` reading the store (one unit of work per call)."""
     from broker.federation.snapshot import user_regions
 
-    store = rt.store
+    store = rt.loop_store()
     settings = rt.settings
 
     async def load() -> Sequence[EdgeService]:

@@ -157,5 +157,5 @@ class InventoryPoller(PollingLoop):
 def make_inventory_poller(rt: Runtime) -> InventoryPoller:
     """Polls every driver the broker holds (clusters and sites), `rt.drivers` itself."""
     s = rt.settings.snapshot
-    return InventoryPoller(rt.store, rt.drivers, rt.clock,
+    return InventoryPoller(rt.loop_store(), rt.drivers, rt.clock,
                            interval_s=s.inventory_interval_s, timeout_s=s.inventory_timeout_s)

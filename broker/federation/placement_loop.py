@@ -260,7 +260,8 @@ def make_placement_loop(rt: Runtime) -> PlacementLoop:
     def scalable(records: Sequence[ClusterRecord]) -> set[tuple[str, str]]:
         return scalable_pools(records, drivers=rt.drivers, accounts=rt.accounts)
 
-    loop = PlacementLoop(rt.store, rt.clock, s.placement, action_fn=rt.policy, catalog=catalog,
+    loop = PlacementLoop(rt.loop_store(), rt.clock, s.placement, action_fn=rt.policy,
+                         catalog=catalog,
                          reader=SnapshotReader(s.snapshot, s.placement, catalog=catalog),
                          scalable=scalable)
 

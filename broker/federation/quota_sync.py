@@ -300,5 +300,5 @@ def make_quota_sync(rt: Runtime) -> QuotaSync | None:
         return None
     accounts = load_accounts(Path(s.accounts_file))
     rt.accounts.update({a.name: a.provider for a in accounts})  # the actuator's too
-    return QuotaSync(rt.store, accounts, rt.clock, interval_s=s.interval_s,
+    return QuotaSync(rt.loop_store(), accounts, rt.clock, interval_s=s.interval_s,
                      stale_after_failures=s.stale_after_failures)

@@ -247,5 +247,5 @@ class Reconciler(PollingLoop):
 def make_reconciler(rt: Runtime) -> Reconciler:
     """The reconciler on `[reconciler]` settings; the dispatcher wakes it (`wake_for`)."""
     s = rt.settings.reconciler
-    return Reconciler(rt.store, rt.drivers, rt.clock, poll_s=s.poll_s, down_after=s.down_after,
-                      stuck_after_s=s.stuck_after_s)
+    return Reconciler(rt.loop_store(), rt.drivers, rt.clock, poll_s=s.poll_s,
+                      down_after=s.down_after, stuck_after_s=s.stuck_after_s)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from broker.clock import Clock
 from broker.settings import Settings
 from broker.store import Store
+from broker.store.leadership import Fence
 from providers.base import CloudProvider, ClusterDriver
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from broker.federation.drivers import DriverRefreshLoop, DriverRegistry
     from broker.federation.edge_hub import EdgeHub
     from broker.federation.inventory import InventoryPoller
+    from broker.federation.leader import LeaderElector, WakeNotifier
     from broker.federation.looping import Loop
     from broker.federation.placement_loop import PlacementLoop
     from broker.federation.policy_runtime import PolicyRuntime
@@ -74,6 +76,24 @@ class Runtime:
     reconciler: Reconciler | None = None
     driver_refresh: DriverRefreshLoop | None = None
     edge_hub: EdgeHub | None = None  # also the EdgeTransport of every edge site's driver
+    # Replicas (broker/federation/leader.py). On PostgreSQL `serve` sets `fenced_store` to
+    # `store.fenced(fence)`: the loops write through it, so only the elected leader's units
+    # commit. None (SQLite, the demo, tests): the loops use `store` itself.
+    fence: Fence = field(default_factory=Fence)
+    fenced_store: Store | None = None
+    leader: LeaderElector | None = None  # runs `loops()` while this replica leads
+    waker: WakeNotifier | None = None  # NOTIFYs the leader after a submission
+
+    def loop_store(self) -> Store:
+        """The store the loops write through (see `fenced_store`)."""
+        return self.store if self.fenced_store is None else self.fenced_store
+
+    def wake_placement(self) -> None:
+        """A workload was submitted: wake the placement loop, here or in the leader."""
+        if self.placement_loop is not None:
+            self.placement_loop.wake()
+        if self.waker is not None and not (self.leader is not None and self.leader.leading):
+            self.waker.poke()
 
     def offline_catalog(self) -> Catalog:
         """The offline catalog, loaded on first use and kept in `catalog`.

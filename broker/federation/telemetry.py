@@ -192,5 +192,5 @@ def make_telemetry(rt: Runtime) -> TelemetryLoop | None:
                       if Capability.METRICS in d.capabilities}
     if prom is None and not metric_drivers:
         return None
-    return TelemetryLoop(rt.store, rt.clock, drivers=rt.drivers, prometheus=prom,
+    return TelemetryLoop(rt.loop_store(), rt.clock, drivers=rt.drivers, prometheus=prom,
                          interval_s=t.interval_s)

@@ -34,9 +34,11 @@ def _record(r: DecisionRow) -> DecisionRecord:
 
 
 class DecisionRepo:
-    def __init__(self, session: AsyncSession, now: float) -> None:
+    def __init__(self, session: AsyncSession, now: float, *,
+                 leader_epoch: int | None = None) -> None:
         self._s = session
         self._now = now
+        self._epoch = leader_epoch  # the fencing epoch stamped on every decision added
 
     async def add(self, *, kind: str, key: str, spec: Mapping[str, Any],
                   tenant: str | None = None, cluster: str = "", pool: str = "",
@@ -48,7 +50,7 @@ class DecisionRepo:
         row = DecisionRow(kind=kind, key=key, tenant=tenant, cluster=cluster, pool=pool,
                           workload_id=workload_id, spec=dict(spec), state=state, step="",
                           attempts=0, not_before_s=None, last_error=last_error,
-                          created_s=self._now, updated_s=self._now)
+                          created_s=self._now, updated_s=self._now, leader_epoch=self._epoch)
         self._s.add(row)
         await self._s.flush()
         return int(row.id)

@@ -258,6 +258,9 @@ class PlacementRow(Base):
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_s: Mapped[float] = mapped_column(Float)
     updated_s: Mapped[float] = mapped_column(Float)
+    # the fencing epoch of the leader that wrote it (store/leadership.py); None: written
+    # outside leadership (SQLite's single broker, the API, a one-shot command)
+    leader_epoch: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class DecisionRow(Base):
@@ -289,6 +292,19 @@ class DecisionRow(Base):
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_s: Mapped[float] = mapped_column(Float)
     updated_s: Mapped[float] = mapped_column(Float)
+    leader_epoch: Mapped[int | None] = mapped_column(BigInteger)  # as PlacementRow's
+
+
+class LeaderEpochRow(Base):
+    """The fencing epoch of one election (store/leadership.py): +1 each time a replica
+    becomes leader. A singleton loop's unit of work commits only while this row still holds
+    the epoch its replica was elected with, so a deposed leader's late write is refused."""
+
+    __tablename__ = "leader_epochs"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    holder: Mapped[str] = mapped_column(String(253))
+    elected_s: Mapped[float] = mapped_column(Float)
 
 
 class EventRow(Base):

@@ -51,10 +51,12 @@ def _record(r: PlacementRow) -> PlacementRecord:
 
 
 class PlacementRepo:
-    def __init__(self, session: AsyncSession, now: float, events: EventRepo) -> None:
+    def __init__(self, session: AsyncSession, now: float, events: EventRepo, *,
+                 leader_epoch: int | None = None) -> None:
         self._s = session
         self._now = now
         self._events = events
+        self._epoch = leader_epoch  # the fencing epoch stamped on every placement written
 
     async def record(self, placement: Placement, *,
                      status: WorkloadStatus = WorkloadStatus.PLACED,
@@ -81,7 +83,8 @@ class PlacementRepo:
             clusters_csv="," + ",".join(clusters) + ("," if clusters else ""),
             cost_usd_per_hour=placement.cost_usd_per_hour, rtt_ms=placement.rtt_ms,
             decision=dict(placement.decision), active=True, dispatched=False,
-            dispatch_attempts=0, last_error="", created_s=self._now, updated_s=self._now))
+            dispatch_attempts=0, last_error="", created_s=self._now, updated_s=self._now,
+            leader_epoch=self._epoch))
         if demand_tau_s is not None:  # the pools' demand EWMA (placement/observed.py)
             res = w.spec.get("resources") or {}
             demand = DemandRepo(self._s, self._now)
@@ -132,7 +135,7 @@ class PlacementRepo:
             decision={"moved_by": by, "cause": cause, "from_cluster": from_cluster,
                       "to_cluster": to_cluster, "previous_placement": old.id},
             active=True, dispatched=True, dispatch_attempts=0, last_error="",
-            created_s=self._now, updated_s=self._now))
+            created_s=self._now, updated_s=self._now, leader_epoch=self._epoch))
         w = await self._s.get(WorkloadRow, workload_id)
         if w is not None:
             w.placement_id, w.updated_s = pid, self._now
@@ -183,7 +186,7 @@ class PlacementRepo:
                          "cost_usd_per_hour": p.cost_usd_per_hour, "rtt_ms": p.rtt_ms,
                          "decision": dict(p.decision), "active": True, "dispatched": False,
                          "dispatch_attempts": 0, "last_error": "", "created_s": self._now,
-                         "updated_s": self._now})
+                         "updated_s": self._now, "leader_epoch": self._epoch})
             marks.append({"wid": p.workload_id, "st": str(status), "pid": pid, "msg": message,
                           "now": self._now})
             events.append((f"workload.{status}", p.workload_id,

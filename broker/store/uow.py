@@ -29,6 +29,7 @@ from broker.store.decisions import DecisionRepo
 from broker.store.engine import create_engine, mapped_errors, parse_store_url
 from broker.store.events import EventRepo
 from broker.store.inventory import DemandRepo, InventoryRepo
+from broker.store.leadership import Fence, check_fence
 from broker.store.members import ClusterRepo, OfferRepo, SiteRepo
 from broker.store.migrate import check_schema
 from broker.store.placements import PlacementRepo
@@ -40,32 +41,48 @@ from broker.store.workloads import WorkloadRepo
 class UnitOfWork:
     """The repositories of one transaction. Build it only through `Store.unit()`."""
 
-    def __init__(self, session: AsyncSession, now: float) -> None:
+    def __init__(self, session: AsyncSession, now: float, *,
+                 leader_epoch: int | None = None) -> None:
         self.session = session
         self.now = now
+        self.leader_epoch = leader_epoch  # stored on placements and decisions written here
         self.events = EventRepo(session, now)
         self.tenants = TenantRepo(session, now)
         self.tokens = TokenRepo(session, now)
         self.workloads = WorkloadRepo(session, now, self.events)
-        self.placements = PlacementRepo(session, now, self.events)
+        self.placements = PlacementRepo(session, now, self.events, leader_epoch=leader_epoch)
         self.clusters = ClusterRepo(session, now, self.events)
         self.sites = SiteRepo(session, now, self.events)
         self.offers = OfferRepo(session, now)
         self.quotas = QuotaRepo(session, now, self.events)
         self.inventory = InventoryRepo(session, now)
         self.demand = DemandRepo(session, now)
-        self.decisions = DecisionRepo(session, now)
+        self.decisions = DecisionRepo(session, now, leader_epoch=leader_epoch)
 
 
 class Store:
-    """The database: owns the engine; hands out units of work."""
+    """The database: owns the engine; hands out units of work.
+
+    With a `fence` (only through `fenced()`), every unit is a leader's unit: it starts only
+    while the fence holds an epoch, stamps that epoch on what it writes, and commits only
+    if the database still holds it (store/leadership.py); otherwise `FencedError`.
+    """
 
     def __init__(self, engine: AsyncEngine, *, clock: Clock | None = None,
-                 fast_path: fastpath.PgFastPath | None = None) -> None:
+                 fast_path: fastpath.PgFastPath | None = None,
+                 fence: Fence | None = None) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
         self.fast_path = fast_path
+        self.fence = fence
         self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=True)
+
+    def fenced(self, fence: Fence) -> Store:
+        """The same database for the singleton loops: units fenced by `fence`.
+
+        Shares this store's engine and pools; only the original store is closed.
+        """
+        return Store(self.engine, clock=self.clock, fast_path=self.fast_path, fence=fence)
 
     @classmethod
     def from_url(cls, url: str, *, pool_size: int = 10, echo: bool = False,
@@ -85,7 +102,10 @@ class Store:
         with mapped_errors("store"):
             async with self._sessions() as session:
                 try:
-                    yield UnitOfWork(session, self.clock.now())
+                    epoch = None if self.fence is None else self.fence.current()
+                    yield UnitOfWork(session, self.clock.now(), leader_epoch=epoch)
+                    if epoch is not None:
+                        await check_fence(session, epoch)
                     await session.commit()
                 except BaseException:
                     await session.rollback()
