@@ -12,7 +12,9 @@ stable; add fields with defaults.
   weight) — from the RL policy or fixed defaults.
 - `policy`: "lp" (the LP), "greedy" (cheapest feasible first, the seed's
   selectCloudProvider), "traditional" (filter + least-allocated/balanced
-  scoring with static cluster weights). Same inputs, same output type.
+  scoring with static cluster weights, Cluster Autoscaler least-waste),
+  "karpenter" (the same federation layer with Karpenter v1 provisioning);
+  baselines.py says what each copies. Same inputs, same output type.
 
 Pure: no I/O, no clock reads except `time.perf_counter` for the reported
 build/solve durations (they never change a decision, apart from the MIP time
@@ -30,11 +32,11 @@ import numpy as np
 
 from broker.domain import Assignment, DataSource, FederationSnapshot, Placement, PolicyAction
 from broker.placement import explain, lp, pricing, rounding
-from broker.placement.baselines import greedy, traditional
+from broker.placement.baselines import greedy, karpenter, traditional
 from broker.placement.candidates import SUNK_SITE_COST_FRACTION, CandidateSet, build_candidates
 from broker.placement.ledger import Ledger, penalties
 
-POLICIES = ("lp", "greedy", "traditional")
+POLICIES = ("lp", "greedy", "traditional", "karpenter")
 
 
 class PlannerError(ValueError):
@@ -50,7 +52,8 @@ class PlannerConfig:
     unplaced_penalty_usd: float = 1000.0
     # Hours a service's cost is counted over in the objective (batch/train use duration_s).
     service_horizon_h: float = 1.0
-    # Static per-cluster weights for the "traditional" baseline (Karmada-style).
+    # Static per-cluster weights of the Karmada layer of "traditional" and "karpenter";
+    # empty = proportional to cluster capacity (baselines.capacity_weights).
     static_weights: Mapping[str, float] = field(default_factory=dict)
     # Write the LP model here (LP format, PuLP back-end) for debugging; "" = don't.
     lp_path: str = ""
@@ -203,6 +206,9 @@ def plan_candidates(cs: CandidateSet, snapshot: FederationSnapshot, config: Plan
         stats = _heuristic_stats(ledger, pen, candidates_s, time.perf_counter() - t1)
     elif policy == "traditional":
         ledger = traditional(cs, snapshot, config.static_weights)
+        stats = _heuristic_stats(ledger, pen, candidates_s, time.perf_counter() - t1)
+    elif policy == "karpenter":
+        ledger = karpenter(cs, snapshot, config.static_weights)
         stats = _heuristic_stats(ledger, pen, candidates_s, time.perf_counter() - t1)
     else:
         ledger, stats, relax, model = _solve_lp(cs, snapshot, config, pen, candidates_s)

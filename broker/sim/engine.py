@@ -13,9 +13,10 @@ every `epoch_s`, but an epoch with nothing pending (and no housekeeping due) is 
 an epoch whose state has not changed since a plan that placed nothing is not re-solved: the
 planner dominates run time, so it only runs when it can decide something new.
 
-Policies: `traditional` (reactive scale-out, no prewarm), `greedy`, `lp` (fixed PolicyAction),
-`lp+rl` (PolicyAction from a controller every `decision_interval_s`). lp and lp+rl prewarm
-nodes from a demand forecast `prewarm_lead_s` ahead (see `_prewarm`).
+Policies: `traditional` (reactive scale-out after CA's scan interval, no prewarm),
+`karpenter` (reactive after Karpenter's batch window, no prewarm), `greedy`, `lp` (fixed
+PolicyAction), `lp+rl` (PolicyAction from a controller every `decision_interval_s`). greedy,
+lp and lp+rl prewarm nodes from a demand forecast `prewarm_lead_s` ahead (see `_prewarm`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ from broker.sim.snapshot import build_snapshot, network_of
 from broker.sim.state import CapacityError, Group, Node, SimCluster, SimPool, WorkloadState
 from broker.sim.state import make_cluster as _make_cluster
 
-POLICIES = ("traditional", "greedy", "lp", "lp+rl")
+POLICIES = ("traditional", "karpenter", "greedy", "lp", "lp+rl")
+# Policies that prewarm (SCENARIO.md): every one except those copying systems without it
+# (Kubernetes + Cluster Autoscaler, Karpenter).
+PREWARM_POLICIES = ("greedy", "lp", "lp+rl")
 RETRY_S = 300.0  # kube-scheduler podMaxInUnschedulablePodsDuration default (5 min)
 RETRY_MIN_S = 60.0
 PlannerFn = Callable[[FederationSnapshot, PolicyAction, PlannerConfig, str], EpochPlan]
@@ -109,7 +113,7 @@ class Engine:
         self.now = 0.0
         self.metrics = Metrics(self)
         self.action = config.fixed_action
-        self.prewarm = config.policy in ("lp", "lp+rl")
+        self.prewarm = config.policy in PREWARM_POLICIES
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._version = 0
@@ -379,6 +383,8 @@ class Engine:
         delay = self.scenario.defaults.provision_delay_s
         if self.config.policy == "traditional":
             delay += physics.CA_SCAN_INTERVAL_S
+        elif self.config.policy == "karpenter":
+            delay += physics.KARPENTER_BATCH_IDLE_S
         added = p.add_nodes(count, self.now + delay, prewarmed=prewarmed)
         if added:
             self.metrics.pools_changed()

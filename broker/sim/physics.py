@@ -20,6 +20,9 @@ from broker.domain import Interconnect
 # Cluster Autoscaler's default scan interval (--scan-interval=10s, kubernetes/autoscaler FAQ):
 # the reactive `traditional` autoscaler notices unschedulable pods this late.
 CA_SCAN_INTERVAL_S = 10.0
+# Karpenter v1 batches pending pods before it launches: BATCH_IDLE_DURATION defaults to 1 s
+# (BATCH_MAX_DURATION 10 s caps a busy batch); Karpenter watches pods, it does not scan.
+KARPENTER_BATCH_IDLE_S = 1.0
 # Pod start once the node is up and the image is present (sandbox + container create):
 # Kubernetes' scalability SLO bounds it at p99 <= 5 s for pre-pulled images; 2 s is typical.
 POD_START_S = 2.0

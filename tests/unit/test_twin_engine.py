@@ -178,14 +178,20 @@ def test_percentile_nearest_rank() -> None:
     assert physics.percentile([1.0, 2.0, 3.0, 4.0], 95) == 4.0
 
 
-def test_prewarm_orders_nodes_ahead_for_lp_only() -> None:
+def test_prewarm_orders_nodes_ahead_except_for_systems_without_it() -> None:
+    # SCENARIO.md: every policy prewarms except those copying systems without it (issue 11
+    # item 1: greedy did not, so lp vs greedy did not measure the optimiser alone).
     # Demand ramps: a 1-vCPU job every 20 s, each running 20 min, on a pool that must grow.
     trace = "".join(f"j{i},{i * 20},batch,1,1,1,0,1200,,,0,,0\n" for i in range(90))
     scn = scenario(doc(nodes=1, max_nodes=20, horizon_s=2400.0), trace)
     _, lp = run(scn, "lp")
     _, trad = run(scn, "traditional")
+    _, greedy = run(scn, "greedy")
+    _, karp = run(scn, "karpenter")
     assert lp.metrics.prewarmed_nodes > 0
+    assert greedy.metrics.prewarmed_nodes > 0
     assert trad.metrics.prewarmed_nodes == 0
+    assert karp.metrics.prewarmed_nodes == 0
 
 
 def test_plan_scale_applies_headroom() -> None:
