@@ -48,7 +48,7 @@ def test_bench_twin_json_and_plots(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["scenario"] == "tiny-e2e"
-    assert set(doc["policies"]) == {"traditional", "greedy", "lp", "lp+rl"}
+    assert set(doc["policies"]) == {"traditional", "karpenter", "greedy", "lp", "lp+rl"}
     for metrics in doc["policies"].values():
         assert set(METRIC_KEYS) <= set(metrics)
         assert metrics["cost_usd"] > 0
@@ -107,7 +107,7 @@ def test_bench_twin_seeds_report_intervals_and_comparisons(tmp_path: Path) -> No
 
 def test_bench_twin_unknown_policy_lists_the_known_ones(tmp_path: Path) -> None:
     out = skyfed("bench", "twin", "--scenario", str(tiny(tmp_path)), "--policies",
-                 "lp,karpenter")
+                 "lp,kubeflow")
     assert out.returncode == 2
-    assert "unknown karpenter" in out.stderr
-    assert "known policies: traditional, greedy, lp, lp+rl" in out.stderr
+    assert "unknown kubeflow" in out.stderr
+    assert "known policies: traditional, karpenter, greedy, lp, lp+rl" in out.stderr
