@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class Interconnect(enum.StrEnum):
@@ -195,6 +195,19 @@ class ApplySpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     command: Sequence[str] = ()
+    # Replicas per pool of this cluster when the placement splits the workload over several
+    # of them (values sum to `replicas`); empty: all of them in `pool`. One apply per
+    # cluster carries them all, so a split within one cluster keeps every replica.
+    pool_replicas: Mapping[str, int] = field(default_factory=dict)
+    # The workload object the user submitted (a Deployment, StatefulSet or Job as JSON), to
+    # apply instead of a rendering of the fields above, and the objects that go with it
+    # (Services, ConfigMaps, Secrets, PersistentVolumeClaims). Secret data: never log it.
+    manifest: Mapping[str, Any] | None = None
+    companions: Sequence[Mapping[str, Any]] = ()
+
+    def pools(self) -> dict[str, int]:
+        """Pool -> replicas on this cluster."""
+        return dict(self.pool_replicas) if self.pool_replicas else {self.pool: self.replicas}
 
 
 @dataclass(frozen=True, slots=True)

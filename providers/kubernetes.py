@@ -1,18 +1,24 @@
 """A member Kubernetes cluster as a ClusterDriver, on the official ``kubernetes`` client.
 
 Any conformant cluster works (EKS/GKE/AKS, EKS Anywhere, k3s at the edge): the driver only
-uses core/v1 Nodes, apps/v1 Deployments, batch/v1 Jobs and, for telemetry, metrics.k8s.io.
+uses core/v1 Nodes (and a workload's Services, ConfigMaps, Secrets, claims), apps/v1
+Deployments and StatefulSets, batch/v1 Jobs and, for telemetry, metrics.k8s.io.
 
 Contract:
 
 - ``apply``: a ``service`` becomes a Deployment, ``batch``/``train`` a Job, named
-  ``skyfed-<workload id>`` in ``KubernetesOptions.namespace``, with requests = limits for cpu,
-  memory and ``nvidia.com/gpu``, a node selector for the pool (``skyfed.io/pool``), tolerations,
-  and ``skyfed.io/*`` labels. Idempotent: the rendered spec's hash is stored in the
-  ``skyfed.io/spec-hash`` annotation; create -> 409 -> read -> same hash: nothing to do;
-  different hash: merge-patch (Deployment) or delete + create (a Job's pod template is
-  immutable).
-- ``delete``: 404 is success. ``status``/``list_status``: from the objects' status.
+  ``skyfed-<workload id>`` in ``KubernetesOptions.namespace`` (created first when
+  ``create_namespace``), with requests = limits for cpu, memory and ``nvidia.com/gpu``, the
+  cluster's pools of the placement (one: a node selector on ``skyfed.io/pool``; several: one
+  node-affinity term, so a split within the cluster is one object with every replica),
+  tolerations and ``skyfed.io/*`` labels. A workload submitted as Kubernetes manifests is
+  the user's own object and companions instead (``kubernetes_native.py``). Everything is
+  written by server-side apply (field manager ``skyfed``). Idempotent: the rendered spec's
+  hash is stored in the ``skyfed.io/spec-hash`` annotation; the same hash is left alone; a
+  changed Job is deleted first (its pod template is immutable). A companion name held by
+  another workload is a conflict, never overwritten.
+- ``delete``: the workload object and its companions; 404 is success.
+  ``status``/``list_status``: from the objects' status.
 - ``watch``: list, then watch from the list's resourceVersion; 410 Gone -> list again; read
   timeouts just re-watch, so a quiet cluster costs one request per ``watch_timeout_s``.
 - ``inventory``: nodes' allocatable cpu/memory/GPUs, GPU labels (NVIDIA GPU feature discovery:
@@ -29,11 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from providers import kubernetes_native as kn
 from providers import kubernetes_prewarm as kp
 from providers.base import (
     ApplySpec,
@@ -53,11 +61,14 @@ from providers.errors import (
 )
 from providers.kubernetes_objects import (
     HASH_ANNOTATION,
+    ID_LABEL,
     MANAGED_LABEL,
     deployment_status,
     dns_name,
     job_status,
+    label_value,
     node_inventory,
+    own_labels,
     quantity,
     render,
     requested_by_node,
@@ -65,6 +76,7 @@ from providers.kubernetes_objects import (
 )
 
 T = TypeVar("T")
+WORKLOAD_KINDS = ("Deployment", "Job", "StatefulSet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,7 @@ class KubernetesOptions:
     timeout_s: float = 30.0
     watch_timeout_s: float = 2.0  # read timeout of one watch request before re-watching
     job_backoff_limit: int = 3
+    create_namespace: bool = False  # server-side apply `namespace` before the first object
 
 
 def _status_code(exc: BaseException) -> int | None:
@@ -141,6 +154,7 @@ class KubernetesDriver:
         self.options = options or KubernetesOptions()
         self._api = api_client if api_client is not None else load_api_client(self.options)
         self._sem = asyncio.Semaphore(self.options.max_concurrency)
+        self._namespace_ready = False
 
     def __repr__(self) -> str:
         return f"KubernetesDriver(name={self.name!r}, namespace={self.options.namespace!r})"
@@ -177,31 +191,74 @@ class KubernetesDriver:
         return out
 
     # ---- apply / delete ----------------------------------------------------------------
+    def _fn(self, verb: str, kind: str) -> Callable[..., Any]:
+        """`<verb>_namespaced_<kind>` of the API group that serves `kind` (kn.KINDS)."""
+        group = kn.KINDS[kind][0]
+        api = self._apps if group == "apps/v1" else self._batch if group == "batch/v1" \
+            else self._core
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
+        fn: Callable[..., Any] = getattr(api, f"{verb}_namespaced_{snake}")
+        return fn
+
+    async def _read(self, kind: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._sanitize(await self._call(self._fn("read", kind), name,
+                                                   self.options.namespace))
+        except NotFoundError:
+            return None
+
+    async def _server_side_apply(self, body: dict[str, Any]) -> None:
+        await self._call(self._fn("patch", body["kind"]), body["metadata"]["name"],
+                         self.options.namespace, body, field_manager=kp.FIELD_MANAGER,
+                         force=True, _content_type=kp.APPLY_CONTENT_TYPE)
+
+    async def _ensure_namespace(self) -> None:
+        """Create the namespace (server-side apply) once, when the options allow it."""
+        if not self.options.create_namespace or self._namespace_ready:
+            return
+        ns = self.options.namespace
+        body = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "labels": {MANAGED_LABEL: "skyfed"}}}
+        await self._call(self._core.patch_namespace, ns, body, field_manager=kp.FIELD_MANAGER,
+                         force=True, _content_type=kp.APPLY_CONTENT_TYPE)
+        self._namespace_ready = True
+
     async def apply(self, *, spec: ApplySpec) -> None:
+        """Companions first, then the workload object, all by server-side apply; a workload
+        object whose spec hash is unchanged is left alone, a changed Job is replaced (its
+        pod template is immutable)."""
         if spec.kind not in ("service", "batch", "train"):
             raise ProviderError(f"unknown workload kind {spec.kind!r} for {spec.workload_id!r}",
                                 provider="kubernetes", region=self.name)
+        await self._ensure_namespace()
         ns = self.options.namespace
+        for companion in kn.companion_bodies(spec, namespace=ns, labels=own_labels(spec)):
+            await self._apply_companion(companion, spec.workload_id)
         body = render(spec, namespace=ns, backoff_limit=self.options.job_backoff_limit)
-        name = body["metadata"]["name"]
-        is_job = body["kind"] == "Job"
-        api = self._batch if is_job else self._apps
-        create = api.create_namespaced_job if is_job else api.create_namespaced_deployment
-        read = api.read_namespaced_job if is_job else api.read_namespaced_deployment
-        try:
-            await self._call(create, ns, body)
-            return
-        except ConflictError:
-            pass
-        current = self._sanitize(await self._call(read, name, ns))
-        have = ((current.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
-        if have == body["metadata"]["annotations"][HASH_ANNOTATION]:
-            return  # applying twice is applying once
-        if is_job:  # a Job's template is immutable: replace it
-            await self._delete_one(api.delete_namespaced_job, name, ns)
-            await self._call(create, ns, body)
-        else:
-            await self._call(api.patch_namespaced_deployment, name, ns, body)
+        current = await self._read(body["kind"], body["metadata"]["name"])
+        if current is not None:
+            have = ((current.get("metadata") or {}).get("annotations") or {}).get(
+                HASH_ANNOTATION)
+            if have == body["metadata"]["annotations"][HASH_ANNOTATION]:
+                return  # applying twice is applying once
+            if body["kind"] == "Job":
+                await self._delete_one(self._batch.delete_namespaced_job,
+                                       body["metadata"]["name"], ns)
+        await self._server_side_apply(body)
+
+    async def _apply_companion(self, body: dict[str, Any], workload_id: str) -> None:
+        """A companion is one workload's: a name held by another workload (or by something
+        skyfed did not create) is a conflict, never overwritten."""
+        kind, name = str(body["kind"]), str(body["metadata"]["name"])
+        current = await self._read(kind, name)
+        if current is not None:
+            owner = ((current.get("metadata") or {}).get("labels") or {}).get(ID_LABEL)
+            if owner != label_value(workload_id):
+                raise ConflictError(
+                    f"{kind} {name!r} in namespace {self.options.namespace!r} belongs to "
+                    f"{'another workload' if owner else 'something skyfed did not create'}",
+                    provider="kubernetes", region=self.name)
+        await self._server_side_apply(body)
 
     async def _delete_one(self, fn: Callable[..., Any], name: str, ns: str) -> bool:
         try:
@@ -211,10 +268,19 @@ class KubernetesDriver:
             return False
 
     async def delete(self, *, workload_id: str) -> None:
-        """Delete the workload's Deployment or Job; deleting what is gone is success."""
+        """Delete the workload's object and its companions; deleting what is gone is
+        success."""
         name, ns = dns_name(workload_id), self.options.namespace
-        await self._delete_one(self._apps.delete_namespaced_deployment, name, ns)
-        await self._delete_one(self._batch.delete_namespaced_job, name, ns)
+        for kind in WORKLOAD_KINDS:
+            await self._delete_one(self._fn("delete", kind), name, ns)
+        mine = label_value(workload_id)
+        for kind in kn.COMPANION_KINDS:
+            listed = self._sanitize(await self._call(self._fn("list", kind), ns,
+                                                     label_selector=f"{ID_LABEL}={mine}"))
+            for item in listed.get("items") or []:
+                meta = item.get("metadata") or {}
+                if (meta.get("labels") or {}).get(ID_LABEL) == mine:  # selector may be ignored
+                    await self._delete_one(self._fn("delete", kind), str(meta.get("name")), ns)
 
     # ---- prewarm (kubernetes_prewarm.py) -------------------------------------------------
     async def prewarm(self, *, spec: PrewarmSpec) -> None:
@@ -248,22 +314,18 @@ class KubernetesDriver:
     # ---- status ------------------------------------------------------------------------
     async def status(self, *, workload_id: str) -> DriverStatus:
         name, ns = dns_name(workload_id), self.options.namespace
-        for read, conv in ((self._apps.read_namespaced_deployment, deployment_status),
-                           (self._batch.read_namespaced_job, job_status)):
-            try:
-                obj = self._sanitize(await self._call(read, name, ns))
-            except NotFoundError:
-                continue
-            return conv(workload_id, obj)
+        for kind in WORKLOAD_KINDS:
+            obj = await self._read(kind, name)
+            if obj is not None:
+                return (job_status if kind == "Job" else deployment_status)(workload_id, obj)
         raise NotFoundError(f"workload {workload_id!r} not found in namespace {ns!r}",
                             provider="kubernetes", region=self.name)
 
     async def list_status(self) -> list[DriverStatus]:
         ns, sel = self.options.namespace, f"{MANAGED_LABEL}=skyfed"
-        deps = await self._call(self._apps.list_namespaced_deployment, ns, label_selector=sel)
-        jobs = await self._call(self._batch.list_namespaced_job, ns, label_selector=sel)
         out = []
-        for kind, lst in (("Deployment", deps), ("Job", jobs)):
+        for kind in WORKLOAD_KINDS:
+            lst = await self._call(self._fn("list", kind), ns, label_selector=sel)
             for item in self._sanitize(lst).get("items") or []:
                 st = status_of({**item, "kind": kind})  # selector may be ignored: re-check
                 if st is not None:

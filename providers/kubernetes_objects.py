@@ -27,6 +27,7 @@ from providers.base import (
     NodeTopology,
     WorkloadPhase,
 )
+from providers.kubernetes_native import place_in_pools, render_native
 
 POOL_LABEL = "skyfed.io/pool"
 ID_LABEL = "skyfed.io/workload-id"
@@ -64,23 +65,34 @@ def quantity(q: str | int | float | None) -> float:
     return float(s)
 
 
+def own_labels(spec: ApplySpec) -> dict[str, str]:
+    """The labels that mark an object as skyfed's, of which workload and tenant."""
+    return {ID_LABEL: label_value(spec.workload_id), "skyfed.io/tenant": label_value(spec.tenant),
+            "skyfed.io/kind": spec.kind, MANAGED_LABEL: "skyfed"}
+
+
+def with_hash(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` annotated with the hash of everything but its metadata (HASH_ANNOTATION)."""
+    rest = {k: v for k, v in body.items() if k != "metadata"}
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:16]
+    meta = body.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), HASH_ANNOTATION: digest}
+    return body
+
+
 def render(spec: ApplySpec, *, namespace: str, backoff_limit: int = 3) -> dict[str, Any]:
-    """The Deployment or Job body for `spec` (plain dict, annotated with its own hash)."""
+    """The workload object for `spec` (plain dict, annotated with its own hash): the user's
+    manifest when there is one (kubernetes_native.py), else a Deployment (services) or Job."""
     name = dns_name(spec.workload_id)
-    labels = {
-        **{k: label_value(v) for k, v in spec.labels.items()},
-        ID_LABEL: label_value(spec.workload_id),
-        "skyfed.io/tenant": label_value(spec.tenant),
-        "skyfed.io/kind": spec.kind,
-        MANAGED_LABEL: "skyfed",
-    }
+    if spec.manifest is not None:
+        return with_hash(render_native(spec, name=name, namespace=namespace,
+                                       labels=own_labels(spec)))
+    labels = {**{k: label_value(v) for k, v in spec.labels.items()}, **own_labels(spec)}
     res: dict[str, str] = {"cpu": f"{round(spec.cpu * 1000)}m",
                            "memory": f"{round(spec.memory_gib * 1024)}Mi"}
     if spec.gpu:
         res[GPU_RESOURCE] = str(spec.gpu)
-    selector = dict(spec.node_selector)
-    if spec.pool:
-        selector[POOL_LABEL] = spec.pool
+    selector = {k: v for k, v in spec.node_selector.items() if k != POOL_LABEL}
     tolerations = [dict(t) for t in spec.tolerations]
     if spec.gpu and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
@@ -93,6 +105,7 @@ def render(spec: ApplySpec, *, namespace: str, backoff_limit: int = 3) -> dict[s
         container["command"] = list(spec.command)
     pod_spec: dict[str, Any] = {"containers": [container], "nodeSelector": selector,
                                 "tolerations": tolerations}
+    place_in_pools(pod_spec, spec.pools())
     template = {"metadata": {"labels": labels}, "spec": pod_spec}
     if spec.kind == "service":
         body: dict[str, Any] = {
@@ -112,10 +125,8 @@ def render(spec: ApplySpec, *, namespace: str, backoff_limit: int = 3) -> dict[s
             "spec": {"parallelism": spec.replicas, "completions": spec.replicas,
                      "backoffLimit": backoff_limit, "template": template},
         }
-    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-    body["metadata"] = {"name": name, "namespace": namespace, "labels": labels,
-                        "annotations": {HASH_ANNOTATION: digest}}
-    return body
+    body["metadata"] = {"name": name, "namespace": namespace, "labels": labels}
+    return with_hash(body)
 
 
 def deployment_status(wid: str, obj: Mapping[str, Any]) -> DriverStatus:

@@ -5,14 +5,12 @@ contract (idempotent apply keyed by workload id, status, delete, inventory) as
 providers/kubernetes.py. Behaviour is deterministic for a given seed and clock:
 
 - Pools hold identical nodes (cpu, memory, GPUs, GPU model/interconnect, labels, taints).
-- ``apply`` packs replicas first-fit onto the target pool's ready nodes; replicas that do not fit
-  stay pending (like unschedulable pods). Applying the same spec again is a no-op; a changed spec
-  under the same id releases and re-packs it (a patch).
-- A replica is running ``startup_s`` seconds (injected clock) after it was scheduled.
-- A changed replica count scales in place; any other change (e.g. another pool) rolls out
-  like a Deployment with
-  ``maxUnavailable: 0``: the running replicas of the old spec keep running, and count as ready,
-  until every replica of the new spec is ready.
+- ``apply`` packs replicas first-fit onto their pool's ready nodes (``ApplySpec.pools``: a
+  split over pools keeps each pool's count); what does not fit stays pending (unschedulable).
+  Applying the same spec again is a no-op. A replica runs ``startup_s`` (injected clock) after
+  it was scheduled. A changed replica count scales in place; any other change (e.g. another
+  pool) rolls out like a Deployment with ``maxUnavailable: 0``: the old spec's running
+  replicas keep running, and count as ready, until every replica of the new spec is ready.
 - Batch/train workloads run until ``finish()`` (the twin decides durations); services run forever.
 - Faults: ``FailureInjection`` rates raise ThrottledError/TransientError from a seeded RNG
   *before* any state changes (so a failed call never half-applies); ``set_down(True)`` makes every
@@ -108,6 +106,7 @@ class _Node:
 class _Replica:
     node: str | None  # None: pending (unschedulable)
     scheduled_at: float | None = None
+    pool: str = ""  # the pool it must run in ("": any)
 
 
 @dataclass(slots=True)
@@ -281,8 +280,7 @@ class SimulatedClusterDriver:
                 else:
                     self._release(old.spec, r)
             surge.extend(old.old)
-        w = _Workload(spec=spec, replicas=[_Replica(node=None) for _ in range(spec.replicas)],
-                      old=surge)
+        w = _Workload(spec=spec, replicas=_replicas(spec), old=surge)
         self._workloads[spec.workload_id] = w
         self._reschedule()
 
@@ -391,17 +389,17 @@ class SimulatedClusterDriver:
             raise err(f"injected fault on {op} in cluster {self.name!r}", provider="simulated")
 
     def _check_pool(self, spec: ApplySpec) -> None:
-        if spec.pool and spec.pool not in self._pools:
-            raise NotFoundError(
-                f"pool {spec.pool!r} does not exist in cluster {self.name!r} "
-                f"(pools: {', '.join(sorted(self._pools))})"
-            )
+        for pool in spec.pools():
+            if pool and pool not in self._pools:
+                raise NotFoundError(
+                    f"pool {pool!r} does not exist in cluster {self.name!r} "
+                    f"(pools: {', '.join(sorted(self._pools))})"
+                )
 
     def _fits(self, spec: ApplySpec, n: _Node, now: float,
-              placeable: dict[tuple[str, str], bool]) -> bool:
+              placeable: dict[tuple[str, str], bool], pool: str) -> bool:
         p = n.pool
-        if not n.ready or n.unschedulable or n.booted_at > now or (
-                spec.pool and p.name != spec.pool):
+        if not n.ready or n.unschedulable or n.booted_at > now or (pool and p.name != pool):
             return False
         key = (spec.workload_id, p.name)  # selector and pool taints: once per pass
         if key not in placeable:
@@ -426,7 +424,7 @@ class SimulatedClusterDriver:
         for r in keep[spec.replicas:]:
             self._release(w.spec, r)
         w.replicas = keep[:spec.replicas] + [
-            _Replica(node=None) for _ in range(spec.replicas - len(keep))]
+            _Replica(node=None, pool=spec.pool) for _ in range(spec.replicas - len(keep))]
         w.spec = spec
         self._reschedule()
 
@@ -468,7 +466,7 @@ class SimulatedClusterDriver:
                 if nodes is None:
                     nodes = sorted(self._nodes.values(), key=lambda n: n.name)
                 for n in nodes:
-                    if self._fits(w.spec, n, now, placeable):
+                    if self._fits(w.spec, n, now, placeable, r.pool):
                         n.used_cpu += w.spec.cpu
                         n.used_memory_gib += w.spec.memory_gib
                         n.used_gpu += w.spec.gpu
@@ -494,3 +492,9 @@ class SimulatedClusterDriver:
         msg = f"{pending} replica(s) unschedulable" if pending else ""
         return DriverStatus(workload_id=w.spec.workload_id, phase=phase, ready_replicas=ready,
                             desired_replicas=desired, message=msg)
+
+
+def _replicas(spec: ApplySpec) -> list[_Replica]:
+    """One pending replica per replica of each pool (`ApplySpec.pools`)."""
+    return [_Replica(node=None, pool=pool) for pool, n in sorted(spec.pools().items())
+            for _ in range(n)]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from tenacity import (
@@ -38,7 +38,7 @@ from tenacity import (
 )
 
 from broker.clock import Clock
-from broker.domain import Workload
+from broker.domain import Assignment, Workload
 from broker.federation.looping import PollingLoop
 from broker.store import PlacementRecord, Store
 from providers.base import ApplySpec, ClusterDriver
@@ -54,19 +54,35 @@ class DispatchError(Exception):
     """One assignment could not be applied; names the cluster."""
 
 
-def apply_spec(workload: Workload, cluster: str, pool: str, replicas: int) -> ApplySpec:
-    """The driver's view of one assignment of a placed workload."""
+def pools_by_cluster(assignments: Iterable[Assignment]) -> dict[str, dict[str, int]]:
+    """Cluster -> pool -> replicas: one apply per cluster, so that a split over two pools
+    of one cluster is one object with every replica (not two applies, the second
+    overwriting the first)."""
+    out: dict[str, dict[str, int]] = {}
+    for a in assignments:
+        pools = out.setdefault(a.cluster, {})
+        pools[a.pool] = pools.get(a.pool, 0) + a.replicas
+    return out
+
+
+def apply_spec(workload: Workload, cluster: str, pools: Mapping[str, int]) -> ApplySpec:
+    """The driver's view of a placed workload's replicas on one cluster."""
     spec = workload.spec
+    first = sorted(pools)[0] if pools else ""
+    native = spec.native
     return ApplySpec(
         workload_id=workload.id, tenant=workload.tenant, name=spec.name, kind=str(spec.kind),
-        image=spec.image, replicas=replicas, cpu=spec.resources.cpu,
-        memory_gib=spec.resources.memory_gib, gpu=spec.resources.gpu, pool=pool,
-        node_selector={"skyfed.io/pool": pool},
+        image=spec.image, replicas=sum(pools.values()), cpu=spec.resources.cpu,
+        memory_gib=spec.resources.memory_gib, gpu=spec.resources.gpu, pool=first,
+        node_selector={"skyfed.io/pool": first} if len(pools) == 1 else {},
         tolerations=tuple({"key": t.key, "operator": t.operator, "value": t.value,
                            "effect": t.effect} for t in spec.tolerations),
         labels={**spec.labels, "skyfed.io/workload": workload.id,
                 "skyfed.io/tenant": workload.tenant, "skyfed.io/cluster": cluster},
-        env=dict(spec.env), command=tuple(spec.command))
+        env=dict(spec.env), command=tuple(spec.command),
+        pool_replicas=dict(pools) if len(pools) > 1 else {},
+        manifest=None if native is None else native.workload,
+        companions=() if native is None else tuple(native.companions))
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -132,11 +148,11 @@ class Dispatcher(PollingLoop):
 
     async def apply_placement(self, rec: PlacementRecord, workload: Workload) -> None:
         """Apply every assignment of one placement (without marking it dispatched)."""
-        for a in rec.placement.assignments:
-            driver = self._drivers.get(a.cluster)
+        for cluster, pools in pools_by_cluster(rec.placement.assignments).items():
+            driver = self._drivers.get(cluster)
             if driver is None:
-                raise DispatchError(f"no driver for cluster {a.cluster!r}")
-            spec = apply_spec(workload, a.cluster, a.pool, a.replicas)
+                raise DispatchError(f"no driver for cluster {cluster!r}")
+            spec = apply_spec(workload, cluster, pools)
             async for attempt in AsyncRetrying(
                     stop=stop_after_attempt(self._retries),
                     wait=wait_exponential(multiplier=self._backoff_s, max=5.0),

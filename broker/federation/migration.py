@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.domain import Assignment, Placement, Workload, WorkloadStatus
-from broker.federation.dispatcher import apply_spec
+from broker.federation.dispatcher import apply_spec, pools_by_cluster
 from broker.store import DecisionRecord, PlacementRecord, Store
 from broker.store.mapping import assignments_to_json, placement_from_values
 from providers.base import ClusterDriver
@@ -164,11 +164,11 @@ class Migrator:
         return Progress("done", event="done")
 
     async def _apply(self, workload: Workload, target: Placement) -> None:
-        for a in target.assignments:
-            driver = self._drivers.get(a.cluster)
+        for cluster, pools in pools_by_cluster(target.assignments).items():
+            driver = self._drivers.get(cluster)
             if driver is None:
-                raise ProviderError(f"no driver for cluster {a.cluster!r}", provider="skyfed")
-            await driver.apply(spec=apply_spec(workload, a.cluster, a.pool, a.replicas))
+                raise ProviderError(f"no driver for cluster {cluster!r}", provider="skyfed")
+            await driver.apply(spec=apply_spec(workload, cluster, pools))
 
     async def _not_ready(self, workload_id: str, target: Placement) -> list[str]:
         missing = []

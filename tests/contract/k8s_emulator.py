@@ -36,7 +36,7 @@ class Emulator(kmock.KubernetesEmulator):
         if raw_request.method == "PATCH" and APPLY_PATCH in raw_request.headers.get(
                 "Content-Type", ""):
             key = _object_key(raw_request.path)
-            if key is not None and key not in self.objects:
+            if key is not None and (key not in self.objects or self.objects[key].deleted):
                 res, ns, name = key
                 self.objects[res, ns, name] = {"metadata": {"name": name, "namespace": ns}}
         return await super().__call__(raw_request)

@@ -26,7 +26,13 @@ from providers.base import (
     PrewarmSpec,
     WorkloadPhase,
 )
-from providers.errors import ConfigError, NotFoundError, ThrottledError, TransientError
+from providers.errors import (
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    ThrottledError,
+    TransientError,
+)
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
 from providers.kubernetes_prewarm import copy_name, prepull_name
 from tests.contract.k8s_emulator import Emulator
@@ -93,9 +99,12 @@ async def test_apply_renders_deployment_and_is_idempotent(
     assert body["metadata"]["labels"]["skyfed.io/tenant"] == "acme"
     # A move to another pool rolls out new pods first: never below the ready replicas.
     assert body["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    assert not _reqs(k, "patch")  # same spec: no patch
+    [created] = _reqs(k, "patch")  # server-side apply creates it; the same spec: no write
+    assert created.headers["Content-Type"].startswith("application/apply-patch+yaml")
+    assert created.params["fieldManager"] == "skyfed"
+    assert not _reqs(k, "post")
     await drv.apply(spec=spec(replicas=5))
-    assert _reqs(k, "patch")
+    assert len(_reqs(k, "patch")) == 2
     assert _obj(k, DEP_RES, "skyfed-w-1")["spec"]["replicas"] == 5
 
 
@@ -113,9 +122,8 @@ async def test_job_for_batch_and_status_from_object(k8s: tuple[Any, KubernetesDr
     assert (await drv.status(workload_id="train-7")).phase is WorkloadPhase.SUCCEEDED
     # a changed Job is replaced (its template is immutable), not patched
     await drv.apply(spec=spec("train-7", kind="train", replicas=1, gpu=4))
-    assert len(_reqs(k, "post", JOBS)) == 3  # create, create -> 409, create after delete
-    assert _reqs(k, "delete")
-    assert not _reqs(k, "patch")
+    assert len(_reqs(k, "patch", f"{JOBS}/skyfed-train-7")) == 2  # applied, re-applied
+    assert _reqs(k, "delete")  # ... after deleting the old one
     job = _obj(k, jobs, "skyfed-train-7")
     assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
         "nvidia.com/gpu"] == "4"
@@ -144,11 +152,10 @@ async def test_list_status_reads_running_replicas(k8s: tuple[Any, KubernetesDriv
 
 async def test_injected_409_429_and_5xx(k8s: tuple[Any, KubernetesDriver]) -> None:
     k, drv = k8s
-    k[f"post {DEPLOYMENTS}"][:1] << 429
+    k[f"patch {DEPLOYMENTS}/skyfed-w-1"][:1] << 429
     with pytest.raises(ThrottledError):
         await drv.apply(spec=spec())
-    # the emulator stored the object despite the 429; the retry sees 409 and reads it back
-    await drv.apply(spec=spec())
+    await drv.apply(spec=spec())  # the retry applies it
     assert _obj(k, DEP_RES, "skyfed-w-1")["spec"]["replicas"] == 2
     seen = len(_reqs(k, "get", f"{DEPLOYMENTS}/skyfed-w-1"))  # slices count past requests too
     k[f"get {DEPLOYMENTS}/skyfed-w-1"][seen:seen + 1] << 503
@@ -281,3 +288,38 @@ async def test_prewarm_server_side_applies_a_prepull_daemonset_and_a_copy_job(
     assert await drv.prewarm_done(key=spec.key) is True
     with pytest.raises(NotFoundError):
         await drv.prewarm_done(key="never-applied")
+
+
+async def test_namespace_is_created_first_when_allowed(
+        k8s: tuple[Any, KubernetesDriver]) -> None:
+    k, drv = k8s
+    # kmock has no namespaces endpoint (FACTS.md): answer the apply as the API server would.
+    k[f"patch /api/v1/namespaces/{NS}"] << {"apiVersion": "v1", "kind": "Namespace",
+                                            "metadata": {"name": NS}}
+    allowed = KubernetesDriver("edge-1", KubernetesOptions(namespace=NS, timeout_s=5,
+                                                           create_namespace=True),
+                               api_client=drv._api)
+    await allowed.apply(spec=spec())
+    await allowed.apply(spec=spec("w-2"))
+    [created] = _reqs(k, "patch", f"/api/v1/namespaces/{NS}")  # once per driver
+    assert created.headers["Content-Type"].startswith("application/apply-patch+yaml")
+    assert _reqs(k, "patch")[0] is created  # before any object in it
+    await drv.apply(spec=spec("w-3"))  # not allowed: never touches namespaces
+    assert len(_reqs(k, "patch", f"/api/v1/namespaces/{NS}")) == 1
+
+
+async def test_companions_are_applied_and_a_name_of_another_workload_is_a_conflict(
+        k8s: tuple[Any, KubernetesDriver]) -> None:
+    k, drv = k8s
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+           "spec": {"ports": [{"port": 80}]}}
+    await drv.apply(spec=spec("w-1", companions=(svc,)))
+    services = kmock.resource("", "v1", "services")
+    assert dict(k.objects[services, NS, "web"].raw)["metadata"]["labels"][
+        "skyfed.io/workload-id"] == "w-1"
+    await drv.apply(spec=spec("w-1", companions=(svc,)))  # its own: applied again
+    with pytest.raises(ConflictError, match="another workload"):
+        await drv.apply(spec=spec("w-2", companions=(svc,)))
+    assert (DEP_RES, NS, "skyfed-w-2") not in k.objects  # nothing of w-2 was applied
+    await drv.delete(workload_id="w-1")
+    assert k.objects[services, NS, "web"].deleted

@@ -25,6 +25,7 @@ from broker.store import Store, migrate
 from providers.base import ApplySpec, ClusterDriver, WorkloadPhase
 from providers.kubernetes import KubernetesDriver
 from providers.simulated import SimPool, SimulatedClusterDriver
+from tests.contract.k8s_emulator import Emulator
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 @pytest.fixture
 async def kube(tmp_path: Path) -> AsyncIterator[tuple[Any, Path]]:
     """kmock on a free loopback port and a kubeconfig file (context 'km') pointing at it."""
-    async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
+    async with Emulator() as k, kmock.Server(k) as srv:  # with server-side apply
         with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
             warnings.simplefilter("ignore", DeprecationWarning)
             k.resources.load_bundled()

@@ -35,6 +35,7 @@ from broker.federation.runtime import Runtime
 from broker.settings import load_settings
 from broker.store import migrate
 from providers.kubernetes import KubernetesDriver
+from tests.contract.k8s_emulator import Emulator
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,7 @@ async def rt(tmp_path: Path) -> AsyncIterator[Runtime]:
 
 @pytest.fixture
 async def kube_server() -> AsyncIterator[tuple[Any, str]]:
-    async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
+    async with Emulator() as k, kmock.Server(k) as srv:  # with server-side apply
         with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
             warnings.simplefilter("ignore", DeprecationWarning)
             k.resources.load_bundled()
