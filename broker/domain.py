@@ -217,6 +217,9 @@ class NodeState:
     leaving: NodeLeaving = NodeLeaving.NO
     idle_since_s: float | None = None
     prewarmed: bool = False  # images pulled while the node was idle (prewarm)
+    # Ids of the workloads with replicas on this node (empty when the driver does not say):
+    # the planner moves them off a leaving node (placement/migrate.py, reason node-loss).
+    workloads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,3 +401,12 @@ class FederationSnapshot:
     # Throughput between two clusters (cluster names, both orders), Gbit/s: the policy
     # observation's edge feature (placement/observe.py). Missing pairs use its fallback.
     bandwidth_gbps: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    # The specs of the `running` workloads (by id): what a migration rule needs to re-place
+    # them (placement/migrate.py). Running workloads without one are never moved.
+    workloads: Mapping[str, Workload] = field(default_factory=dict)
+    # Clusters each running workload was failed over from (its preferred home): a healthy
+    # one is where the planner moves it back (Migration reason "recovered").
+    displaced: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # When capacity last grew (work released, nodes joined, a fault ended), on the caller's
+    # clock; None: unknown. A backing-off workload is due early after it (decisions.due).
+    capacity_changed_s: float | None = None

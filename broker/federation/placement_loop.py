@@ -57,7 +57,7 @@ from broker.federation.policy_runtime import (
 )
 from broker.federation.quarantine import Quarantine
 from broker.federation.snapshot import RunningCache, SnapshotReader
-from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
+from broker.placement.planner import DecisionConfig, EpochPlan, PlannerConfig, plan_epoch
 from broker.settings import PlacementSettings, SnapshotSettings
 from broker.store import ClusterRecord, Store
 
@@ -96,7 +96,9 @@ def planner_config(settings: PlacementSettings) -> PlannerConfig:
     return PlannerConfig(solver=settings.solver, k_candidates=settings.k_candidates,
                          mip_gap=settings.mip_gap, time_limit_s=settings.time_limit_s,
                          unplaced_penalty_usd=settings.unplaced_penalty_usd,
-                         site_cost_fraction=settings.site_cost_fraction)
+                         site_cost_fraction=settings.site_cost_fraction,
+                         # Backoff starts at one epoch, as in the twin (decisions.py).
+                         decisions=DecisionConfig(retry_base_s=settings.epoch_s))
 
 
 def fixed_action(settings: PlacementSettings) -> ActionFn:

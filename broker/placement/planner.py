@@ -30,13 +30,35 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.domain import Assignment, DataSource, FederationSnapshot, Placement, PolicyAction
-from broker.placement import explain, lp, pricing, rounding
+from broker.domain import FederationSnapshot, Placement, PolicyAction, Workload
+from broker.placement import decisions, explain, lp, migrate, pricing, rounding
 from broker.placement.baselines import greedy, karpenter, traditional
 from broker.placement.candidates import SUNK_SITE_COST_FRACTION, CandidateSet, build_candidates
+from broker.placement.decisions import DecisionConfig
+from broker.placement.kinds import Migration, PoolScale, PoolScaleIn, Prewarm, Retry
 from broker.placement.ledger import Ledger, penalties
 
+__all__ = [
+    "POLICIES",
+    "PREWARM_POLICIES",
+    "DecisionConfig",
+    "EpochPlan",
+    "Migration",
+    "PlannerConfig",
+    "PlannerError",
+    "PoolScale",
+    "PoolScaleIn",
+    "Prewarm",
+    "Retry",
+    "SolveStats",
+    "plan_candidates",
+    "plan_epoch",
+]
+
 POLICIES = ("lp", "greedy", "traditional", "karpenter")
+# Policies whose plan orders nodes ahead of forecast demand (SCENARIO.md): every one except
+# those copying systems without it (Kubernetes + Cluster Autoscaler, Karpenter).
+PREWARM_POLICIES = ("lp", "greedy")
 
 
 class PlannerError(ValueError):
@@ -78,69 +100,8 @@ class PlannerConfig:
     # fraction of the apportioned price: 1.0 = apportioned; candidates.SUNK_SITE_COST_FRACTION
     # (0.1) = marginal running cost (the digital twin uses it; see docs/twin.md).
     site_cost_fraction: float = SUNK_SITE_COST_FRACTION
-
-
-@dataclass(frozen=True, slots=True)
-class PoolScale:
-    cluster: str
-    pool: str
-    add_nodes: int
-
-
-@dataclass(frozen=True, slots=True)
-class PoolScaleIn:
-    """Remove these nodes from a pool (they are empty, or their work is being migrated off)."""
-
-    cluster: str
-    pool: str
-    nodes: tuple[str, ...]  # NodeState.name of each node to remove
-    reason: str = "idle"  # idle | consolidate | unhealthy
-
-
-@dataclass(frozen=True, slots=True)
-class Prewarm:
-    """Get capacity, images or data in place before they are needed.
-
-    `nodes` > 0 orders that many nodes ahead of forecast demand (`workload_id` empty); images
-    and data are pre-pulled / copied onto `cluster`/`pool` for `workload_id` (a placed
-    workload whose start would otherwise wait on them) or for forecast demand.
-    """
-
-    cluster: str
-    pool: str
-    nodes: int = 0
-    images: tuple[str, ...] = ()
-    data: tuple[DataSource, ...] = ()
-    workload_id: str = ""
-    reason: str = ""  # forecast | placement | standby
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """An unplaced workload waits until `not_before_s` before the planner tries it again."""
-
-    workload_id: str
-    not_before_s: float
-    attempts: int
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """Move running replicas: start `target`, wait until ready, then drain `source`.
-
-    The actuator never lets a running workload drop below its replicas. `reason`: recovered
-    (its preferred cluster is back) | better (a clearly cheaper feasible option, past the
-    hysteresis) | node-loss (a node is cordoned, NotReady or tainted for termination) |
-    slo (measured latency broke the SLO) | consolidate (empty a node to remove it).
-    """
-
-    workload_id: str
-    source: tuple[Assignment, ...]
-    target: Placement
-    reason: str
-    saving_usd_per_hour: float = 0.0
-    cost_usd: float = 0.0  # one-off cost of the move (restart, data) counted in the objective
+    # The constants of the non-placement decisions (decisions.py, migrate.py).
+    decisions: DecisionConfig = field(default_factory=DecisionConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,15 +144,58 @@ def plan_epoch(
     *,
     policy: str = "lp",
 ) -> EpochPlan:
-    """Decide this epoch's placements. See the module docstring."""
+    """Every decision of this epoch (see the module docstring).
+
+    Of `snapshot.pending`, only the workloads due (decisions.due: not backing off) are
+    solved; the others are neither placed nor unplaced this epoch. Then, on the same
+    snapshot: retries for what stayed unplaced, prewarms, migrations and scale-ins.
+    """
     if policy not in POLICIES:
         raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     t0 = time.perf_counter()
-    cs = build_candidates(snapshot, action, k=config.k_candidates,
-                          service_horizon_h=config.service_horizon_h,
-                          site_cost_fraction=config.site_cost_fraction)
-    return plan_candidates(cs, snapshot, config, policy=policy,
-                           candidates_s=time.perf_counter() - t0)
+    cfg = config.decisions
+    batch = tuple(w for w in snapshot.pending
+                  if decisions.due(w, snapshot.now_s, cfg, snapshot.capacity_changed_s))
+    if len(batch) != len(snapshot.pending):
+        snapshot = dataclasses.replace(snapshot, pending=batch)
+    if batch:
+        cs = build_candidates(snapshot, action, k=config.k_candidates,
+                              service_horizon_h=config.service_horizon_h,
+                              site_cost_fraction=config.site_cost_fraction)
+        plan = plan_candidates(cs, snapshot, config, policy=policy,
+                               candidates_s=time.perf_counter() - t0)
+    else:
+        plan = EpochPlan((), {}, (), SolveStats("optimal", 0.0, 0.0, 0.0, 0.0, 0.0,
+                                                source="empty"))
+    return with_decisions(plan, snapshot, action, config, policy=policy)
+
+
+def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: PolicyAction,
+                   config: PlannerConfig, *, policy: str) -> EpochPlan:
+    """`plan` (placements of `snapshot.pending`) with the epoch's other decisions added.
+
+    Retries for the unplaced; images and data for placements that wait; node prewarm ahead
+    of forecast demand (PREWARM_POLICIES: traditional and karpenter copy systems without it);
+    migrations (all four rules for "lp", node-loss for every policy); then scale-in of idle
+    nodes in pools nothing grows or lands on this epoch.
+    """
+    cfg = config.decisions
+    specs: dict[str, Workload] = {w.id: w for w in snapshot.pending}
+    placed = decisions.placed_usage(plan.placements, specs)
+    prewarm = decisions.prewarm_for_placements(snapshot, plan.placements, specs)
+    if policy in PREWARM_POLICIES:
+        prewarm += decisions.prewarm_nodes(snapshot, action, cfg, placed, plan.scale)
+    moves = migrate.migrations(
+        snapshot, action, cfg, k=config.k_candidates, service_horizon_h=config.service_horizon_h,
+        site_cost_fraction=config.site_cost_fraction, placed=placed,
+        reasons=migrate.REASONS if policy == "lp" else migrate.NODE_LOSS_ONLY)
+    growing = set(placed) | {(s.cluster, s.pool) for s in plan.scale if s.add_nodes > 0} | \
+        {(p.cluster, p.pool) for p in prewarm if p.nodes > 0} | \
+        {(a.cluster, a.pool) for m in moves for a in m.target.assignments}
+    return dataclasses.replace(
+        plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
+        prewarm=prewarm, migrations=moves,
+        scale_in=decisions.scale_in(snapshot, cfg, placed, growing))
 
 
 def plan_candidates(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,

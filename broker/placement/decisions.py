@@ -1,0 +1,214 @@
+"""An epoch's pool and queue decisions besides placements: retry/backoff, scale-in, prewarm. Pure.
+
+plan_epoch (planner.py) calls these after the solve, on the same snapshot, so the live loop
+and the twin get the same decisions from the same rules; neither shell decides on its own.
+
+Retry/backoff (`due`, `retries`), as kube-scheduler's unschedulable queue: a workload the
+plan leaves (partly) unplaced gets `Retry(attempts = a + 1, not_before_s = now + backoff(a+1))`
+with
+
+    backoff(a) = min(retry_max_s, retry_base_s * 2 ** (a - 1))
+
+(podInitialBackoffSeconds doubled per attempt, capped like podMaxInUnschedulablePodsDuration,
+5 min). It is due again once `now - last_attempt_s >= backoff(attempts)`, or earlier when
+capacity grew after its last attempt (`snapshot.capacity_changed_s`, a "cluster event") and
+at least `retry_min_s` passed. Re-solving an unchanged infeasible batch decides nothing new.
+
+Scale-in (`scale_in`), per-node timers as Cluster Autoscaler's `--scale-down-unneeded-time`:
+a node observed empty (`NodeState.idle_since_s`, kept by the inventory poller live and the
+engine in the twin) for at least `scale_in_idle_s` is removed, unless the pool is growing
+this epoch; never more nodes than the pool's free capacity after this epoch's placements
+holds (aggregate CPU and memory), never a booting or leaving node, never on fixed sites.
+
+Prewarm (`prewarm_nodes`, `prewarm_for_placements`):
+- nodes ahead of forecast demand, per cloud pool in its bottleneck unit (GPUs for GPU pools,
+  else vCPU), with the policy's lead time L = `PolicyAction.prewarm_lead_s`:
+
+      overflow = used + rate * L - nodes * unit
+      order    = min(floor(overflow / unit + 1/2), max(1, max_nodes // 10), max_nodes - nodes)
+
+  where `used` and `nodes` include this epoch's placements and scale-ups and `rate` is the
+  pool's demand EWMA (`Pool.demand_*_per_s`). Half a node of forecast overflow buys one.
+- images and data for a placed workload whose start waits on new nodes or on data, on cloud
+  and Kubernetes clusters (edge standbys are the hub's): the copy starts now, while the
+  nodes boot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.domain import (
+    Cluster,
+    FederationSnapshot,
+    NodeLeaving,
+    Placement,
+    PolicyAction,
+    Pool,
+    PricingModel,
+    Workload,
+)
+from broker.placement.kinds import PoolScale, PoolScaleIn, Prewarm, Retry
+
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionConfig:
+    """The constants of the rules above (docs/placement.md gives each one's source)."""
+
+    # Cluster Autoscaler's default --scale-down-unneeded-time (10 min).
+    scale_in_idle_s: float = 600.0
+    # Backoff: first wait, cap (kube-scheduler's 5 min), and the least wait after capacity grew.
+    retry_base_s: float = 10.0
+    retry_max_s: float = 300.0
+    retry_min_s: float = 60.0
+    # Node prewarm: at most this fraction of max_nodes per epoch (at least one node).
+    prewarm_max_fraction: float = 0.1
+    # Migrations (placement/migrate.py): a move for a better option must save at least this
+    # fraction of the current cost (hysteresis) and pay its one-off cost back within
+    # `migration_payback_h`; a move costs `migration_overlap_h` of the target's price
+    # (both sides run until the target is ready) plus the egress of its data.
+    migrate: bool = True
+    migration_min_saving_fraction: float = 0.2
+    migration_payback_h: float = 1.0
+    migration_overlap_h: float = 0.1
+
+
+def backoff_s(attempts: int, cfg: DecisionConfig) -> float:
+    """Wait after `attempts` unsuccessful attempts (see the module docstring)."""
+    if attempts <= 0:
+        return 0.0
+    return min(cfg.retry_max_s, cfg.retry_base_s * 2.0 ** min(attempts - 1, 30))
+
+
+def due(w: Workload, now_s: float, cfg: DecisionConfig,
+        capacity_changed_s: float | None = None) -> bool:
+    """Whether the planner tries `w` this epoch (see the module docstring)."""
+    if w.attempts <= 0 or w.last_attempt_s is None:
+        return True
+    waited = now_s - w.last_attempt_s
+    if waited >= backoff_s(w.attempts, cfg) - 1e-9:
+        return True
+    return capacity_changed_s is not None and capacity_changed_s > w.last_attempt_s \
+        and waited >= cfg.retry_min_s - 1e-9
+
+
+def retries(batch: Sequence[Workload], unplaced: Mapping[str, str], now_s: float,
+            cfg: DecisionConfig) -> tuple[Retry, ...]:
+    """A Retry for every workload of the solved batch the plan left (partly) unplaced."""
+    out = []
+    for w in batch:
+        reason = unplaced.get(w.id)
+        if reason is None:
+            continue
+        attempts = w.attempts + 1
+        out.append(Retry(w.id, not_before_s=now_s + backoff_s(attempts, cfg),
+                         attempts=attempts, reason=reason))
+    return tuple(out)
+
+
+def _fixed(c: Cluster, p: Pool) -> bool:
+    return c.is_edge or p.pricing is PricingModel.EDGE
+
+
+def placed_usage(placements: Iterable[Placement], specs: Mapping[str, Workload]
+                 ) -> dict[Pair, tuple[float, float, int]]:
+    """CPU, memory and GPUs this epoch's placements put on each (cluster, pool)."""
+    out: dict[Pair, tuple[float, float, int]] = {}
+    for p in placements:
+        w = specs.get(p.workload_id)
+        if w is None:
+            continue
+        r = w.spec.resources
+        for a in p.assignments:
+            cpu, mem, gpu = out.get((a.cluster, a.pool), (0.0, 0.0, 0))
+            out[(a.cluster, a.pool)] = (cpu + r.cpu * a.replicas,
+                                        mem + r.memory_gib * a.replicas, gpu + r.gpu * a.replicas)
+    return out
+
+
+def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
+             placed: Mapping[Pair, tuple[float, float, int]],
+             growing: set[Pair]) -> tuple[PoolScaleIn, ...]:
+    """Nodes idle past `scale_in_idle_s` (see the module docstring), longest idle first."""
+    now = snapshot.now_s
+    out = []
+    for c in snapshot.clusters:
+        for p in c.pools:
+            if _fixed(c, p) or (c.name, p.name) in growing or not p.node_states:
+                continue
+            idle = [n for n in p.node_states
+                    if n.idle_since_s is not None and not n.booting
+                    and n.leaving is NodeLeaving.NO and n.cpu_allocated <= 1e-9
+                    and n.gpu_free >= p.node.gpu
+                    and now - n.idle_since_s >= cfg.scale_in_idle_s - 1e-9]
+            if not idle:
+                continue
+            cpu, mem, _ = placed.get((c.name, p.name), (0.0, 0.0, 0))
+            free_cpu = p.free.cpu - cpu
+            free_mem = p.free.memory_gib - mem
+            k = int(min(free_cpu // max(p.node.cpu, 1e-9),
+                        free_mem // max(p.node.memory_gib, 1e-9)))
+            if k <= 0:
+                continue
+            idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))
+            out.append(PoolScaleIn(c.name, p.name, tuple(n.name for n in idle[:k])))
+    return tuple(out)
+
+
+def prewarm_nodes(snapshot: FederationSnapshot, action: PolicyAction, cfg: DecisionConfig,
+                  placed: Mapping[Pair, tuple[float, float, int]],
+                  scale: Sequence[PoolScale]) -> tuple[Prewarm, ...]:
+    """Nodes ordered ahead of forecast demand (see the module docstring)."""
+    lead = max(0.0, action.prewarm_lead_s)
+    if lead <= 0:
+        return ()
+    added: dict[Pair, int] = {}
+    for s in scale:
+        added[(s.cluster, s.pool)] = added.get((s.cluster, s.pool), 0) + max(0, s.add_nodes)
+    out = []
+    for c in snapshot.clusters:
+        if not c.healthy:
+            continue
+        for p in c.pools:
+            if _fixed(c, p):
+                continue
+            key = (c.name, p.name)
+            cpu, _, gpu = placed.get(key, (0.0, 0.0, 0))
+            if p.node.gpu:
+                used, rate, unit = float(p.used.gpu + gpu), p.demand_gpu_per_s, float(p.node.gpu)
+            else:
+                used, rate, unit = p.used.cpu + cpu, p.demand_cpu_per_s, p.node.cpu
+            if rate <= 0 or unit <= 0:
+                continue
+            nodes = p.nodes + added.get(key, 0)
+            overflow = used + rate * lead - nodes * unit
+            count = min(math.floor(overflow / unit + 0.5),
+                        max(1, int(p.max_nodes * cfg.prewarm_max_fraction)),
+                        p.max_nodes - nodes)
+            if count > 0:
+                out.append(Prewarm(c.name, p.name, nodes=count, reason="forecast"))
+    return tuple(out)
+
+
+def prewarm_for_placements(snapshot: FederationSnapshot, placements: Iterable[Placement],
+                           specs: Mapping[str, Workload]) -> tuple[Prewarm, ...]:
+    """Images and data of placed workloads that wait on new nodes or data (module doc)."""
+    clusters = {c.name: c for c in snapshot.clusters}
+    out = []
+    for p in placements:
+        w = specs.get(p.workload_id)
+        if w is None:
+            continue
+        for a in p.assignments:
+            c = clusters.get(a.cluster)
+            if c is None or c.is_edge or a.pricing is PricingModel.EDGE:
+                continue
+            if a.new_nodes <= 0 and not w.spec.data:
+                continue
+            out.append(Prewarm(a.cluster, a.pool, images=(w.spec.image,), data=w.spec.data,
+                               workload_id=w.id, reason="placement"))
+    return tuple(out)

@@ -1,0 +1,224 @@
+"""Which running workloads to move, and where: the planner's migration rules. Pure.
+
+plan_epoch calls `migrations` after the solve, on the same snapshot (`snapshot.running` with
+the specs in `snapshot.workloads`), so the live loop and the twin move the same workloads.
+A running workload w, placed on pools S with r replicas, is moved (planner.Migration) when,
+in this order of precedence:
+
+1. node-loss: one of its replicas is on a node that is leaving (cordoned, NotReady, or
+   tainted for termination: `NodeState.leaving`, the workloads in `NodeState.workloads`).
+   Any kind. The target avoids the clusters of those nodes (the migrator drains per cluster).
+2. slo: a service whose user region's RTT to a cluster it runs on (measured first,
+   candidates.RttResolver) is above its `latency_slo_ms`.
+3. recovered: a service failed over from a cluster (`snapshot.displaced`) that is healthy
+   again; the target is on such a cluster, and is taken when its running cost there is no
+   higher than where it runs now.
+4. better: a service for which another feasible option o is clearly cheaper. With the
+   per-replica running cost c(o) = compute + latency + bias of the LP's objective (an hour of
+   it, candidates.py), the one-off move cost
+
+       m(o) = migration_overlap_h * price(o) * r + egress of its data to o
+
+   and the saving s = (c(S) - c(o)) * r per hour, it moves only when
+
+       s >= migration_min_saving_fraction * c(S) * r   (hysteresis: no flapping)
+       s * migration_payback_h >= m(o)                  (the move pays for itself)
+
+The target is one (cluster, pool) option, not among S, feasible for every hard constraint
+(candidates.py's masks) with room for all r replicas in its free capacity under the policy's
+headroom after this epoch's placements and earlier moves (or nodes the pool can still add:
+`Assignment.new_nodes`); the cheapest such option by c(o) + m(o). Workloads with a spread
+constraint, in the pending batch, or without a spec are left alone. Vectorised per rule:
+one candidate build for all workloads any rule selected, no per-(workload, option) loops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from broker.domain import (
+    Assignment,
+    FederationSnapshot,
+    NodeLeaving,
+    Placement,
+    PolicyAction,
+    Workload,
+    WorkloadKind,
+)
+from broker.placement.candidates import CandidateSet, RttResolver, build_candidates
+from broker.placement.decisions import DecisionConfig
+from broker.placement.kinds import Migration
+
+Pair = tuple[str, str]
+REASONS = frozenset({"node-loss", "slo", "recovered", "better"})
+NODE_LOSS_ONLY = frozenset({"node-loss"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A workload some rule selected: why, and which clusters its target must (not) use."""
+
+    placement: Placement
+    workload: Workload
+    reason: str
+    avoid: frozenset[str] = frozenset()
+    only: frozenset[str] | None = None
+
+
+def leaving_workloads(snapshot: FederationSnapshot) -> dict[str, set[str]]:
+    """workload id -> clusters where one of its replicas is on a leaving node."""
+    out: dict[str, set[str]] = {}
+    for c in snapshot.clusters:
+        for p in c.pools:
+            for n in p.node_states:
+                if n.leaving is not NodeLeaving.NO:
+                    for wid in n.workloads:
+                        out.setdefault(wid, set()).add(c.name)
+    return out
+
+
+def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
+    """Rules 1-4 of the module docstring: who may move and under which reason."""
+    pending = {w.id for w in snapshot.pending}
+    leaving = leaving_workloads(snapshot)
+    healthy = {c.name for c in snapshot.clusters if c.healthy}
+    resolver: RttResolver | None = None
+    out: list[_Ask] = []
+    for p in snapshot.running:
+        w = snapshot.workloads.get(p.workload_id)
+        if w is None or w.id in pending or w.spec.spread is not None or not p.assignments:
+            continue
+        here = {a.cluster for a in p.assignments}
+        if w.id in leaving:
+            out.append(_Ask(p, w, "node-loss", avoid=frozenset(leaving[w.id])))
+            continue
+        if w.spec.kind is not WorkloadKind.SERVICE or reasons == NODE_LOSS_ONLY:
+            continue
+        slo, region = w.spec.latency_slo_ms, w.spec.user_region
+        if slo is not None and region is not None:
+            resolver = resolver or RttResolver(snapshot)
+            rtts = [resolver.rtt_ms(region, c) for c in snapshot.clusters if c.name in here]
+            if any(r is not None and r > slo for r in rtts):
+                out.append(_Ask(p, w, "slo"))
+                continue
+        home = set(snapshot.displaced.get(w.id, ())) & healthy - here
+        if home:
+            out.append(_Ask(p, w, "recovered", only=frozenset(home)))
+            continue
+        out.append(_Ask(p, w, "better"))
+    return [a for a in out if a.reason in reasons]
+
+
+def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: DecisionConfig, *,
+               k: int, service_horizon_h: float, site_cost_fraction: float,
+               placed: Mapping[Pair, tuple[float, float, int]],
+               reasons: frozenset[str] = REASONS) -> tuple[Migration, ...]:
+    """The moves of this epoch for the rules in `reasons` (see the module docstring)."""
+    if not cfg.migrate or not snapshot.running:
+        return ()
+    asks = _asks(snapshot, reasons)
+    if not asks:
+        return ()
+    wls = [replace(a.workload, spec=replace(a.workload.spec,
+                                            replicas=a.placement.placed_replicas))
+           for a in asks]
+    cs = build_candidates(snapshot, action, k=k, service_horizon_h=service_horizon_h,
+                          workloads=wls, site_cost_fraction=site_cost_fraction)
+    if not cs.options:
+        return ()
+    room = _Room(cs, placed)
+    running = cs.compute + cs.latency + cs.bias
+    move = np.where(cs.feasible, cfg.migration_overlap_h * cs.usd_per_hour, np.inf)
+    index = {(o.cluster.name, o.pool.name): o.index for o in cs.options}
+    names = np.array([o.cluster.name for o in cs.options])
+    out = []
+    for i, ask in enumerate(asks):
+        r = int(cs.replicas[i])
+        src = [(index.get((a.cluster, a.pool)), a.replicas) for a in ask.placement.assignments]
+        src_idx = [j for j, _ in src if j is not None]
+        now_cost = math.inf if len(src_idx) < len(src) else \
+            float(sum(running[i, j] * n for j, n in src if j is not None))
+        ok = cs.feasible[i].copy()
+        ok[src_idx] = False
+        if ask.avoid:
+            ok &= ~np.isin(names, list(ask.avoid))
+        if ask.only is not None:
+            ok &= np.isin(names, list(ask.only))
+        # One-off cost: overlap running + the data's egress to the target (all replicas).
+        one_off = (move[i] + cs.egress[i]) * r
+        score = np.where(ok, running[i] * r + one_off, np.inf)
+        for j in np.argsort(score, kind="stable"):
+            if not math.isfinite(score[j]):
+                break
+            new_cost = float(running[i, j]) * r
+            if not _worth(ask.reason, now_cost, new_cost, float(one_off[j]), src_idx, cfg):
+                break  # the cheapest fitting option is not worth it: no dearer one is
+            new_nodes = room.take(i, int(j), r)
+            if new_nodes is None:
+                continue
+            o = cs.options[int(j)]
+            price = float(cs.usd_per_hour[i, j]) * r
+            rtt = float(cs.rtt_ms[i, j])
+            target = Placement(ask.workload.id, (Assignment(
+                o.cluster.name, o.pool.name, o.pool.pricing, r, price, new_nodes),), price,
+                rtt_ms=None if math.isnan(rtt) else rtt,
+                decision={"migration": ask.reason})
+            out.append(Migration(ask.workload.id, ask.placement.assignments, target,
+                                 ask.reason, saving_usd_per_hour=max(0.0, now_cost - new_cost),
+                                 cost_usd=float(one_off[j])))
+            break
+    return tuple(out)
+
+
+def _worth(reason: str, now_cost: float, new_cost: float, one_off: float,
+           src_idx: list[int], cfg: DecisionConfig) -> bool:
+    """Rules 3-4's thresholds; node-loss and slo moves are always worth it."""
+    if reason in ("node-loss", "slo"):
+        return True
+    if not src_idx or not math.isfinite(now_cost):
+        return False  # where it runs is not an option now: the reconciler's case
+    if reason == "recovered":
+        return new_cost <= now_cost + 1e-9
+    saving = now_cost - new_cost
+    return saving >= cfg.migration_min_saving_fraction * now_cost and saving > 1e-12 \
+        and saving * cfg.migration_payback_h >= one_off - 1e-12
+
+
+class _Room:
+    """Free capacity per option (headroom applied), less this epoch's placements and moves."""
+
+    def __init__(self, cs: CandidateSet, placed: Mapping[Pair, tuple[float, float, int]]
+                 ) -> None:
+        self.cs = cs
+        head = cs.headroom_vec()
+        self.node = cs.option_node()
+        self.free = np.zeros((len(cs.options), 3))
+        self.can_add = np.zeros(len(cs.options), dtype=np.int64)
+        for o in cs.options:
+            p = o.pool
+            used = placed.get((o.cluster.name, p.name), (0.0, 0.0, 0))
+            cap = np.array([p.provisioned.cpu, p.provisioned.memory_gib, p.provisioned.gpu])
+            self.free[o.index] = cap * head - np.array(
+                [p.used.cpu + used[0], p.used.memory_gib + used[1], p.used.gpu + used[2]])
+            self.can_add[o.index] = p.can_add_nodes
+
+    def take(self, w: int, o: int, replicas: int) -> int | None:
+        """Reserve `replicas` of workload `w` on option `o`: the nodes to add, None if no room."""
+        need = self.cs.demand[w] * replicas
+        short = need - self.free[o]
+        add = 0
+        for r in range(3):
+            per = self.node[o, r] * (self.cs.headroom_vec()[r])
+            if short[r] > 1e-9:
+                if per <= 0:
+                    return None
+                add = max(add, math.ceil(short[r] / per - 1e-9))
+        if add > self.can_add[o]:
+            return None
+        self.free[o] += add * self.node[o] * self.cs.headroom_vec() - need
+        self.can_add[o] -= add
+        return add
