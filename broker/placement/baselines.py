@@ -19,7 +19,10 @@ Each copies a named system at its documented default (docs/twin.md, "Baselines")
   plus `NodeResourcesBalancedAllocation` (100 x (1 - |cpu_frac - mem_frac|)) over the pools
   with room now; pods left pending make Cluster Autoscaler grow one node group chosen by the
   `least-waste` expander (least (idle CPU / new CPU + idle memory / new memory) after the
-  pending pods are placed, expander/waste/waste.go). No cost model.
+  pending pods are placed, expander/waste/waste.go). No cost model. A workload with input
+  data is kept to the clusters where its data lives (no egress) when one is feasible: the
+  PropagationPolicy `clusterAffinity` an operator writes for a data-heavy job (without it,
+  static weights ship every job's data across regions).
 - `karpenter`: Karmada's division as above, kube-scheduler scoring for existing room, and
   Karpenter v1 provisioning for the pods left pending: the instance type (pool) with the
   lowest price per pod for the pending batch, over spot and on-demand (Karpenter's default
@@ -185,6 +188,11 @@ def federated(cs: CandidateSet, snapshot: FederationSnapshot,
         feas = np.flatnonzero(cs.feasible[i])
         if feas.size == 0:
             continue
+        if cs.workloads[i].spec.data:
+            # PropagationPolicy clusterAffinity to where the input data lives (no egress),
+            # when such a cluster is feasible: what an operator writes for a data-heavy job.
+            local = feas[cs.egress[i, feas] <= 1e-12]
+            feas = local if local.size else feas
         members = {str(c): weights.get(str(c), 0.0) for c in set(cluster_of[feas])}
         for cname, share in karmada_divide(cs.workloads[i].id, int(cs.replicas[i]), members):
             opts = feas[cluster_of[feas] == cname]
