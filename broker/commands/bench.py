@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from broker.bench import api, e2e, failover, placement, twin
+from broker.bench import api, chaos, e2e, failover, placement, twin
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -18,3 +18,4 @@ placement.register(app)
 failover.register(app)
 twin.register(app)
 e2e.register(app)
+chaos.register(app)

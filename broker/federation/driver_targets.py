@@ -37,7 +37,7 @@ DEFAULT_NAMESPACE = "skyfed"
 TRUSTED_TENANTS = frozenset({"admin"})
 _K8S_SHORTHAND = ("kubeconfig", "context", "namespace", "in_cluster")
 _K8S_EXTRA = ("max_concurrency", "timeout_s", "watch_timeout_s", "job_backoff_limit")
-_SIM_KEYS = ("startup_s", "seed", "boot_s", "prewarm_s")
+_SIM_KEYS = ("startup_s", "seed", "boot_s", "prewarm_s", "error_rate")
 _EDGE_KEYS = ("site", "command_timeout_s")
 _CAMEL_RE = re.compile(r"(?<=[a-z0-9])([A-Z])")
 _NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -117,7 +117,13 @@ def target_for(rec: ClusterRecord, *, catalog: Callable[[], Catalog] = Catalog.l
                "seed": int(_number(name, "attrs.simulated.seed", sim.get("seed", 0))),
                "boot_s": _number(name, "attrs.simulated.boot_s", sim.get("boot_s", 0.0)),
                "prewarm_s": _number(name, "attrs.simulated.prewarm_s",
-                                    sim.get("prewarm_s", 0.0))}
+                                    sim.get("prewarm_s", 0.0)),
+               # share of provider calls that fail (half 429, half 5xx): the chaos bench
+               "error_rate": _number(name, "attrs.simulated.error_rate",
+                                     sim.get("error_rate", 0.0))}
+    if not 0.0 <= options["error_rate"] <= 1.0:
+        raise DriverConfigError(name, "attrs.simulated.error_rate must be within 0..1, got "
+                                f"{options['error_rate']}")
     return DriverTarget(name=name, kind=kind, tenant=rec.tenant, options=options, pools=pools)
 
 

@@ -43,7 +43,7 @@ from broker.federation.looping import PollingLoop
 from providers.base import ClusterDriver
 from providers.catalog import Catalog
 from providers.errors import TransientError
-from providers.simulated import SimulatedClusterDriver
+from providers.simulated import FailureInjection, SimulatedClusterDriver
 
 if TYPE_CHECKING:
     from broker.federation.runtime import Runtime
@@ -272,7 +272,8 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
                 target.name, target.pools, seed=int(target.options["seed"]),
                 clock=self._clock.now, startup_s=float(target.options["startup_s"]),
                 boot_s=float(target.options.get("boot_s", 0.0)),
-                prewarm_s=float(target.options.get("prewarm_s", 0.0)))
+                prewarm_s=float(target.options.get("prewarm_s", 0.0)),
+                failures=_failures(float(target.options.get("error_rate", 0.0))))
             return driver, _noop
         if target.kind == "kubernetes":
             return await self._build_kubernetes(target)
@@ -388,3 +389,9 @@ def make_driver_refresh(rt: Runtime) -> DriverRefreshLoop:
     stop."""
     return DriverRefreshLoop(registry_of(rt), rt.loop_store(), rt.clock,
                              interval_s=rt.drivers_refresh_s, close_on_stop=True)
+
+
+def _failures(error_rate: float) -> FailureInjection:
+    """Injected provider faults of a simulated cluster (`attrs.simulated.error_rate`)."""
+    return FailureInjection(apply_error_rate=error_rate, delete_error_rate=error_rate,
+                            status_error_rate=error_rate)

@@ -63,7 +63,8 @@ def test_simulated_pool_starts_at_registered_nodes_the_actuator_scales_it() -> N
         ("cpu", 2, 4, 8)
     assert pool.labels == {"tier": "prod"}
     assert pool.taints == ("dedicated=ml:NoSchedule",)
-    assert t.options == {"startup_s": 0.0, "seed": 0, "boot_s": 0.0, "prewarm_s": 0.0}
+    assert t.options == {"startup_s": 0.0, "seed": 0, "boot_s": 0.0, "prewarm_s": 0.0,
+                         "error_rate": 0.0}
 
 
 def test_edge_site_pools_stay_at_full_size() -> None:
@@ -108,6 +109,7 @@ def test_kubernetes_options_from_shorthand_and_nested() -> None:
     ({"kubeconfig": "/k", "kubernetes": {"max_concurrency": 0}}, r"max_concurrency must be > 0"),
     ({"simulated": {"startup": 1}}, r"unknown key\(s\) in attrs\.simulated: startup"),
     ({"edge": "site-1"}, r"attrs\.edge must be an object"),
+    ({"simulated": {"error_rate": 1.5}}, r"error_rate must be within 0\.\.1"),
 ])
 def test_bad_attrs_are_refused_by_name(attrs: dict[str, Any], message: str) -> None:
     provider = "edge" if "edge" in attrs else "aws"
@@ -193,3 +195,10 @@ def test_camel_case_attrs_as_the_api_writes_them() -> None:
     assert isinstance(t.options["max_concurrency"], int)
     sim = target_for(record({"simulated": {"startupS": 0.5}}))
     assert sim.options["startup_s"] == 0.5
+
+
+def test_a_simulated_clusters_injected_provider_error_rate() -> None:
+    """What `skyfed bench chaos` registers: 30 % of provider calls fail (429 or 5xx)."""
+    assert target_for(record()).options["error_rate"] == 0.0
+    t = target_for(record({"simulated": {"errorRate": 0.3}}))
+    assert t.options["error_rate"] == 0.3
