@@ -148,13 +148,18 @@ async def ensure_admin_token(rt: Runtime) -> str | None:
     Uses `api.admin_token` when configured, else a random one. The token is
     written to `<data_dir>/token` (mode 600) so local `skyfed` commands find it.
     """
-    async with rt.store.unit() as uow:
-        if await uow.tokens.has_admin():
-            return None
-        configured = rt.settings.api.admin_token
-        _, token = await uow.tokens.create(
-            tenant="admin", is_admin=True, description="created on first start",
-            token=configured.get_secret_value() if configured else None)
+    from broker.errors import ConflictError
+
+    try:
+        async with rt.store.unit() as uow:
+            if await uow.tokens.has_admin():
+                return None
+            configured = rt.settings.api.admin_token
+            _, token = await uow.tokens.create(
+                tenant="admin", is_admin=True, description="created on first start",
+                token=configured.get_secret_value() if configured else None)
+    except ConflictError:  # replicas starting together: another one stored it first
+        return None
     write_token_file(rt.settings.data_dir, token)
     return token
 

@@ -71,7 +71,8 @@ class DecisionRepo:
              "cluster": r.get("cluster", ""), "pool": r.get("pool", ""),
              "workload_id": r.get("workload_id", ""), "spec": dict(r["spec"]),
              "state": "pending", "step": "", "attempts": 0, "not_before_s": None,
-             "last_error": "", "created_s": self._now, "updated_s": self._now} for r in rows])
+             "last_error": "", "created_s": self._now, "updated_s": self._now,
+             "leader_epoch": self._epoch} for r in rows])
         return len(rows)
 
     async def existing(self, keys: Sequence[str], *,

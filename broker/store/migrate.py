@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import migrations as _migrations_pkg  # the Alembic scripts ship as a package
 from broker.errors import ConfigError, SchemaOutdatedError
 from broker.store.engine import create_engine, mapped_errors, parse_store_url
+from broker.store.leadership import election_key
 
 MIGRATIONS_DIR = Path(_migrations_pkg.__file__).resolve().parent
 # Alembic announces its context on every schema check; only the steps are news.
@@ -55,6 +56,9 @@ async def _with_connection(url: str, fn_name: str, revision: str) -> None:
     try:
         with mapped_errors(f"db {fn_name}"):
             async with engine.begin() as conn:
+                if not su.is_sqlite:  # replicas' init containers migrate one at a time
+                    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"),
+                                       {"k": election_key(url) ^ 1})
                 if su.schema:
                     await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{su.schema}"'))
                 await conn.run_sync(run)

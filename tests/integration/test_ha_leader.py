@@ -131,6 +131,8 @@ async def test_a_deposed_leaders_late_write_is_refused(url: str, store: Store) -
         async with store.fenced(fence_b).unit() as uow:
             pid = await uow.placements.record(_placement(wids[1]))
             await uow.decisions.add(kind="scale", key="pool:c/p", spec={"nodes": 1})
+            await uow.decisions.add_many([{"kind": "prewarm", "key": "pool:c/q",
+                                           "spec": {}}])
         async with store.unit() as uow:
             epochs = dict((await uow.session.execute(
                 select(PlacementRow.id, PlacementRow.leader_epoch))).all())
@@ -138,7 +140,7 @@ async def test_a_deposed_leaders_late_write_is_refused(url: str, store: Store) -
                 select(DecisionRow.leader_epoch))).scalars().all()
         assert epochs[pid] == 2
         assert sorted(epochs.values()) == [1, 2]
-        assert decision_epochs == [2]
+        assert decision_epochs == [2, 2]
     finally:
         await a.close()
         await b.close()
@@ -246,3 +248,31 @@ def test_a_second_broker_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
         first.release()
     second.acquire()  # free again once the first let go
     second.release()
+
+
+async def test_replicas_migrating_at_once_take_turns(pg_url: str) -> None:
+    """Every pod's init container runs `skyfed db upgrade`; at once they must not collide."""
+    u = f"{pg_url}?schema=t_ha_mig_{secrets.token_hex(5)}"
+    try:
+        await asyncio.gather(*(migrate.upgrade(u) for _ in range(3)))
+        assert await migrate.current(u) == migrate.head_revision()
+    finally:
+        await migrate.drop_schema(u)
+
+
+async def test_replicas_starting_together_share_the_configured_admin_token(
+        url: str, tmp_path: Path) -> None:
+    """The Helm chart gives every replica the same admin token: the second must not crash."""
+    from broker.app import build_runtime, ensure_admin_token
+    from broker.settings import Settings
+
+    runtimes = [build_runtime(Settings(data_dir=tmp_path / f"r{i}",
+                                       store={"url": url},
+                                       api={"admin_token": "k" * 40}))
+                for i in range(2)]
+    try:
+        made = await asyncio.gather(*(ensure_admin_token(rt) for rt in runtimes))
+    finally:
+        for rt in runtimes:
+            await rt.store.close()
+    assert sorted(made, key=lambda t: t is None) == ["k" * 40, None]
