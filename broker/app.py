@@ -233,7 +233,9 @@ def replica_loops(rt: Runtime, loops: list[Loop], *, port: int | None = None) ->
     from broker.federation.leader import make_leadership
 
     elector, notifier = make_leadership(rt, loops, port=port)
-    return [elector, notifier]
+    # `--api-only` builds no loops: it must not campaign (a leader without loops would
+    # hold the lock while nothing places); it only wakes the leader
+    return [elector, notifier] if loops else [notifier]
 
 
 def _tune_gc() -> None:

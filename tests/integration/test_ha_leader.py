@@ -276,3 +276,20 @@ async def test_replicas_starting_together_share_the_configured_admin_token(
         for rt in runtimes:
             await rt.store.close()
     assert sorted(made, key=lambda t: t is None) == ["k" * 40, None]
+
+
+async def test_an_api_only_replica_never_campaigns(url: str, tmp_path: Path) -> None:
+    """`skyfed serve --api-only` builds no loops: winning the lock would stop placement."""
+    from broker.app import build_runtime, replica_loops
+    from broker.federation.leader import LeaderElector
+    from broker.settings import Settings
+
+    rt = build_runtime(Settings(data_dir=tmp_path, store={"url": url}))
+    try:
+        rt.fenced_store = rt.store.fenced(rt.fence)
+        api_only = replica_loops(rt, [])
+        full = replica_loops(rt, [_Beat()])
+    finally:
+        await rt.store.close()
+    assert [type(lp) for lp in api_only] == [WakeNotifier]
+    assert [type(lp) for lp in full] == [LeaderElector, WakeNotifier]
