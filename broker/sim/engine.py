@@ -433,19 +433,20 @@ class Engine:
     def _reserve(self, ws: WorkloadState, c: SimCluster, p: SimPool, want: int) -> int:
         """Reserve up to `want` replicas on pool `p`, node by node; returns placed.
 
-        Each replica goes on one node (`SimPool.best_node`: bin-packing); a node is ordered
-        when none has room. Replicas start when their own nodes are up.
+        Each replica goes on one node (`SimPool.place_many`: best-fit bin-packing); nodes are
+        ordered when none has room. Replicas start when their own nodes are up.
         """
         ev = ws.ev
-        gpu_nodes: list[list[Node]] = []
         homes: list[tuple[Node, list[Node]]] = []
-        for _ in range(want):
-            home = self._node_for(c, p, ev.cpu, ev.memory_gib, ev.gpu)
-            if home is None:
-                break
-            homes.append(home)
-            if ev.gpu:
-                gpu_nodes.append(home[1])
+        if ev.gpu > p.node.gpu:
+            for _ in range(want):
+                home = self._node_for(c, p, ev.cpu, ev.memory_gib, ev.gpu)
+                if home is None:
+                    break
+                homes.append(home)
+        else:
+            homes = [(n, [n] * ev.gpu) for n in self._nodes_for(c, p, ws, want)]
+        gpu_nodes = [h[1] for h in homes] if ev.gpu else []
         if not homes:
             return 0
         placed = len(homes)
@@ -469,35 +470,41 @@ class Engine:
         self._push(g.ready_s, _READY, (ev.id, g.token))
         return placed
 
+    def _nodes_for(self, c: SimCluster, p: SimPool, ws: WorkloadState, want: int) -> list[Node]:
+        """Nodes for up to `want` replicas (best fit, `SimPool.place_many`), ordering the
+        nodes that are missing when nothing has room (as many as the rest needs)."""
+        ev = ws.ev
+        node = p.node
+        if ev.cpu > node.cpu + 1e-9 or ev.memory_gib > node.memory_gib + 1e-9:
+            return []
+        out = p.place_many(ev.cpu, ev.memory_gib, ev.gpu, want, self.now)
+        left = want - len(out)
+        if left > 0:
+            per_node = p.fit_count(Node(0.0, node.gpu), ev.cpu, ev.memory_gib, ev.gpu)
+            if per_node > 0 and self._add_nodes(c, p, math.ceil(left / per_node)):
+                out += p.place_many(ev.cpu, ev.memory_gib, ev.gpu, left, self.now)
+        return out
+
     def _node_for(self, c: SimCluster, p: SimPool, cpu: float, mem: float,
                   gpus: int) -> tuple[Node, list[Node]] | None:
-        """The node one replica runs on (and the node of each of its GPUs); None if full."""
+        """A replica asking for more GPUs than a node has (a shape the candidates filter
+        refuses live): its GPUs spread over nodes, its CPU on the first with room."""
         node = p.node
         if cpu > node.cpu + 1e-9 or mem > node.memory_gib + 1e-9:
             return None
-        if gpus > node.gpu:
-            # More GPUs than a node has (a scenario the candidates filter would refuse live):
-            # GPUs spread over nodes, the pod's CPU on the first of them.
-            short = gpus - sum(n.gpu_free for n in p.node_list)
-            if short > 0:
-                self._add_nodes(c, p, math.ceil(short / max(node.gpu, 1)))
-            spread = p.take_spread(gpus)
-            if spread is None:
-                return None
-            home = next((n for n in spread if n.fits(node, cpu, mem, 0)), None)
-            if home is None:
-                for n in spread:
-                    n.gpu_free += 1
-                return None
-            p.occupy(home, cpu, mem, 0)
-            return home, spread
-        best = p.best_node(cpu, mem, gpus, self.now)
-        if best is None and self._add_nodes(c, p, 1):
-            best = p.best_node(cpu, mem, gpus, self.now)
-        if best is None:
+        short = gpus - sum(n.gpu_free for n in p.node_list)
+        if short > 0:
+            self._add_nodes(c, p, math.ceil(short / max(node.gpu, 1)))
+        spread = p.take_spread(gpus)
+        if spread is None:
             return None
-        p.occupy(best, cpu, mem, gpus)
-        return best, [best] * gpus
+        home = next((n for n in spread if n.fits(node, cpu, mem, 0)), None)
+        if home is None:
+            for n in spread:
+                n.gpu_free += 1
+            return None
+        p.occupy(home, cpu, mem, 0)
+        return home, spread
 
     def _data_move(self, ws: WorkloadState, c: SimCluster) -> float:
         move = data_move(ws.ev, c.spec, self._specs, self.catalog,

@@ -126,6 +126,39 @@ class SimPool:
         return min(fit, key=lambda n: (n.ready_at > now, n.gpu_free if gpus else 0,
                                        node.cpu - n.used_cpu, n.ready_at))
 
+    def fit_count(self, n: Node, cpu: float, mem: float, gpus: int) -> int:
+        """How many replicas of this shape still fit on node n."""
+        node = self.node
+        k = 1 << 30
+        if cpu > 0:
+            k = min(k, int((node.cpu - n.used_cpu) / cpu + _EPS))
+        if mem > 0:
+            k = min(k, int((node.memory_gib - n.used_mem) / mem + _EPS))
+        if gpus > 0:
+            k = min(k, n.gpu_free // gpus)
+        return max(k, 0)
+
+    def place_many(self, cpu: float, mem: float, gpus: int, want: int,
+                   now: float) -> list[Node]:
+        """Up to `want` replicas, each on the node `best_node` would pick: one pass.
+
+        Repeated best fit of one shape fills the chosen node until it is full, then the next
+        in the same order, so sorting the nodes once by `best_node`'s key is the same rule.
+        """
+        node = self.node
+        room = [(n, self.fit_count(n, cpu, mem, gpus)) for n in self.node_list]
+        room = [(n, k) for n, k in room if k > 0]
+        room.sort(key=lambda nk: (nk[0].ready_at > now, nk[0].gpu_free if gpus else 0,
+                                  node.cpu - nk[0].used_cpu, nk[0].ready_at))
+        out: list[Node] = []
+        for n, k in room:
+            for _ in range(min(k, want - len(out))):
+                self.occupy(n, cpu, mem, gpus)
+                out.append(n)
+            if len(out) >= want:
+                break
+        return out
+
     def occupy(self, n: Node, cpu: float, mem: float, gpus: int) -> None:
         n.used_cpu += cpu
         n.used_mem += mem
