@@ -97,7 +97,7 @@ def build_loops(rt: Runtime) -> list[Loop]:
 
 def create_app(rt: Runtime) -> FastAPI:
     """The FastAPI app over `rt` (which the caller owns and closes)."""
-    from broker.api import explain, health, openapi, problems, routes, ui
+    from broker.api import explain, health, openapi, problems, routes, tenancy, ui
     from broker.api.deps import TokenCache
     from broker.api.middleware import ApiMetrics, EdgeMiddleware
     from broker.api.views import JsonResponse
@@ -111,6 +111,7 @@ def create_app(rt: Runtime) -> FastAPI:
     problems.install(app)
     app.include_router(health.router)
     app.include_router(routes.router)
+    app.include_router(tenancy.router)
     app.include_router(explain.router)
     app.include_router(ui.router)
     app.add_middleware(EdgeMiddleware, max_body_bytes=rt.settings.api.max_body_bytes,

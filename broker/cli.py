@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from broker.commands import bench, catalog, core, demo, placement, providers, twin
+from broker.commands import bench, catalog, core, demo, placement, providers, tenancy, twin
 
 app = typer.Typer(
     name="skyfed",
@@ -19,7 +19,8 @@ app = typer.Typer(
     add_completion=False,
 )
 
-core.register(app)  # serve, db, submit, get, describe, cancel, token
+core.register(app)  # serve, db, submit, get, describe, cancel
+tenancy.register(app)  # token create/list/revoke, budget set/get
 placement.register(app)  # explain, whatif
 twin.register(app)  # sim, train, policy
 demo.register(app)  # demo

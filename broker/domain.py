@@ -336,10 +336,31 @@ class UserRegion:
     lon: float
 
 
+class Role(enum.StrEnum):
+    """What a bearer token may do. `admin`: everything (tokens, budgets, every tenant's
+    rows). `operator`: registers federation-wide clusters and sites. `tenant`: its own
+    workloads, and clusters and sites private to it (lent to named tenants at most)."""
+
+    ADMIN = "admin"
+    OPERATOR = "operator"
+    TENANT = "tenant"
+
+
 @dataclass(frozen=True, slots=True)
 class Tenant:
+    """A tenant and its budget cap. `committed_usd_per_hour` is the run rate of its active
+    placements (the snapshot merge sums it), so the cap holds across epochs: an epoch may
+    add at most `budget_left_usd_per_hour`."""
+
     name: str
     budget_usd_per_hour: float | None = None
+    committed_usd_per_hour: float = 0.0
+
+    @property
+    def budget_left_usd_per_hour(self) -> float | None:
+        if self.budget_usd_per_hour is None:
+            return None
+        return max(0.0, self.budget_usd_per_hour - self.committed_usd_per_hour)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,9 @@ The hot path (`POST /v1/workloads`) skips FastAPI's dependency solver and calls
 
 Tokens are looked up by their sha256 (`store.auth`). A small in-process cache
 keeps the hot path to one SQL statement per request; entries live `TTL_S`
-seconds, so a revoked token stops working within that time.
+seconds, so a token revoked through any replica (or expired) stops working on
+every replica within that time: the revocation is a row in the shared database,
+and no replica trusts its cache for longer than 1 s.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from broker.errors import AuthError, ForbiddenError
 from broker.federation.runtime import Runtime
 from broker.store import Principal
 
-TTL_S = 5.0
+TTL_S = 1.0
 MAX_ENTRIES = 10_000
 
 
@@ -37,6 +39,12 @@ class TokenCache:
             del self._entries[token]
             return None
         return hit[0]
+
+    def drop(self, token_id: str) -> None:
+        """Forget a token at once on this replica (it was revoked here); the others forget
+        it within `ttl_s`."""
+        for key in [k for k, (p, _) in self._entries.items() if p.token_id == token_id]:
+            del self._entries[key]
 
     def put(self, token: str, principal: Principal) -> None:
         if len(self._entries) >= MAX_ENTRIES:

@@ -69,7 +69,32 @@ async def explain_placement(
         clusters = sorted({a.cluster for a in rec.placement.assignments})
         out["policyExplanation"] = await asyncio.to_thread(
             _policy_explanation, steering, clusters, rt.policy)
+    if not principal.is_admin:
+        async with rt.store.unit() as uow:
+            usable = await uow.clusters.usable_names(principal.tenant)
+        out = redact(out, usable)
     return JsonResponse(out)
+
+
+def redact(out: dict[str, Any], usable: frozenset[str]) -> dict[str, Any]:
+    """A tenant's view of an explanation: the policy's observation (every cluster of the
+    federation, by name, with its price and load) is left out, and SHAP features of
+    clusters the tenant may not use are dropped. Its own decision record already names
+    only clusters it may use (placement/candidates.py `visible`)."""
+    decision = dict(out["decision"])
+    steering = decision.get("policy_action")
+    if isinstance(steering, Mapping):  # (observation_in: a placement that may be another's)
+        decision["policy_action"] = {k: v for k, v in steering.items()
+                                     if k not in ("observation", "observation_in")}
+    expl = out.get("policyExplanation")
+    if isinstance(expl, Mapping) and isinstance(expl.get("outputs"), Mapping):
+        outputs = {}
+        for name, o in expl["outputs"].items():
+            feats = [f for f in o.get("top_features", ())
+                     if str(f.get("feature", "")).partition(".")[0] in usable | {"batch"}]
+            outputs[name] = {**o, "top_features": feats}
+        out = {**out, "policyExplanation": {**expl, "outputs": outputs}}
+    return {**out, "decision": decision}
 
 
 async def _shared_observation(uow: UnitOfWork, steering: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from broker.api import manifests
-from broker.api.deps import Admin, Auth, RuntimeDep, current_principal, get_runtime, scope_of
+from broker.api.deps import Auth, RuntimeDep, current_principal, get_runtime, scope_of
 from broker.api.openapi import PAGE_SCHEMA, answers
 from broker.api.problems import BodyTooLargeError
-from broker.api.schemas import NAME_RE, ClusterIn, SiteIn, TokenIn, WorkloadIn
+from broker.api.schemas import NAME_RE, ClusterIn, SiteIn, WorkloadIn
 from broker.api.views import (
     JsonResponse,
     cluster_detail_view,
@@ -37,7 +37,7 @@ from broker.errors import ConflictError, IdempotencyError, SpecError
 from broker.federation.runtime import Runtime
 from broker.limits import TEXT_PATTERN, is_text
 from broker.placement.durations import DurationPredictor
-from broker.store import ClusterRecord
+from broker.store import ClusterRecord, Principal
 from broker.store.mapping import spec_sha256, spec_to_json
 from providers.errors import NotFoundError as ProviderNotFoundError
 
@@ -220,9 +220,11 @@ async def register_cluster(rt: RuntimeDep, principal: Auth, body: ClusterIn) -> 
     sources = {p.name: "catalog" if p.price_usd_per_hour is None else "registration"
                for p in body.pools}
     body = body.with_catalog(_catalog_offer(rt))
+    shared = _shared(principal, body.lend_to)
     async with rt.store.unit() as uow:
         created = await uow.clusters.upsert(body.to_domain(), tenant=principal.tenant,
-                                            account=body.account, attrs=body.attrs)
+                                            account=body.account, attrs=body.attrs,
+                                            shared=shared, lent_to=body.lend_to)
         await uow.clusters.set_attrs(body.name, {"price_sources": sources})
         rec = await uow.clusters.get(body.name)
     return JsonResponse(cluster_view(rec), status_code=201 if created else 200)
@@ -266,9 +268,10 @@ async def get_cluster(rt: RuntimeDep, principal: Auth, name: MemberName) -> Resp
 @router.post("/sites", status_code=201, responses=answers(201, 200, 401, 409, 413, 422, 503),
              summary="Register or replace an edge site")
 async def register_site(rt: RuntimeDep, principal: Auth, body: SiteIn) -> Response:
+    shared = _shared(principal, body.lend_to)
     async with rt.store.unit() as uow:
         created = await uow.sites.upsert(body.to_domain(), tenant=principal.tenant,
-                                         attrs=body.attrs)
+                                         attrs=body.attrs, shared=shared, lent_to=body.lend_to)
         rec = await uow.sites.get(body.name)
     return JsonResponse(site_view(rec), status_code=201 if created else 200)
 
@@ -288,16 +291,6 @@ async def get_placement(rt: RuntimeDep, principal: Auth,
     async with rt.store.unit() as uow:
         rec = await uow.placements.get(placement_id, tenant=scope_of(principal))
     return JsonResponse(placement_view(rec))
-
-
-@router.post("/tokens", status_code=201, responses=answers(201, 401, 403, 413, 422, 503),
-             summary="Create a tenant token (admin only)")
-async def create_token(rt: RuntimeDep, _admin: Admin, body: TokenIn) -> Response:
-    async with rt.store.unit() as uow:
-        token_id, token = await uow.tokens.create(tenant=body.tenant,
-                                                  description=body.description)
-    return JsonResponse({"id": token_id, "tenant": body.tenant, "token": token},
-                        status_code=201)
 
 
 @router.get("/events", responses=answers(200, 401, 422, 503, ok=PAGE_SCHEMA),
@@ -328,6 +321,16 @@ async def list_providers(rt: RuntimeDep, principal: Auth) -> Response:
         {"name": a.name, "provider": a.provider, "stale": a.stale, "failures": a.failures,
          "lastOkS": a.last_ok_s, "lastError": a.last_error} for a in accounts],
         "nextCursor": None})
+
+
+def _shared(principal: Principal, lend_to: list[str]) -> bool:
+    """An admin's or operator's member is federation-wide; a tenant's is private to it and
+    the tenants it lends it to (`lendTo`), which only a private member has."""
+    if principal.registers_shared and lend_to:
+        raise SpecError("lendTo: an admin's or operator's registration is federation-wide "
+                        "(lent to every tenant); only a tenant's private member is lent",
+                        loc=("body", "lendTo"))
+    return principal.registers_shared
 
 
 def _catalog_offer(rt: Runtime) -> Callable[[str, str, str], Offer]:

@@ -55,6 +55,12 @@ _UNITS = {"Ki": 1024.0, "Mi": 1024.0**2, "Gi": _GIB, "Ti": 1024.0**4,
           "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "k": 1e3}
 _QTY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]{0,2})\s*$")
 NAME_RE = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+TENANT_RE = r"^[a-z0-9][-a-z0-9_]{0,63}$"
+TenantName = Annotated[str, Field(min_length=1, max_length=64, pattern=TENANT_RE)]
+# A tenant's private member lent to these tenants (their workloads may be placed there too).
+LendTo = Annotated[list[TenantName], Field(
+    max_length=64, description="Tenants this tenant-private member is lent to (tenant tokens "
+    "only: an admin's or operator's registration is federation-wide).")]
 TEXT = lim.TEXT_PATTERN
 
 
@@ -302,6 +308,7 @@ class ClusterIn(_Model):
     quota_gpu: float | None = Field(default=None, ge=0, le=lim.QUOTA_GPU_MAX)
     pools: list[PoolIn] = Field(default_factory=list, max_length=1000)
     attrs: Attrs = None
+    lend_to: LendTo = Field(default_factory=list)
 
     _quota = field_validator("quota_vcpu", "quota_gpu")(classmethod(_resolution(3)))
 
@@ -359,6 +366,7 @@ class SiteIn(_Model):
     uplink_gbps: float = Field(default=1.0, ge=0.001, le=lim.UPLINK_GBPS_MAX)
     labels: Labels = Field(default_factory=dict)
     attrs: Attrs = None
+    lend_to: LendTo = Field(default_factory=list)
 
     _res = field_validator("price_usd_per_hour", "uplink_gbps")(classmethod(_resolution(6)))
 
@@ -369,8 +377,3 @@ class SiteIn(_Model):
                     price_usd_per_hour=self.price_usd_per_hour, gpu_model=self.gpu_model,
                     interconnect=self.interconnect, uplink_gbps=self.uplink_gbps,
                     labels=dict(self.labels))
-
-
-class TokenIn(_Model):
-    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][-a-z0-9_]{0,63}$")
-    description: str = Field(default="", max_length=200, pattern=lim.MULTILINE_PATTERN)

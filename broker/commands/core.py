@@ -1,9 +1,9 @@
-"""Core commands: serve, db, submit, get, describe, cancel, token.
+"""Core commands: serve, db, submit, get, describe, cancel (tokens, budgets: tenancy.py).
 
 Client commands (submit/get/describe/cancel) talk HTTP to a running broker:
 server from `--server` / `$SKYFED_SERVER` / the config's api host:port; token
 from `--token` / `$SKYFED_TOKEN` / `<data_dir>/token` (written by the first
-`skyfed serve`). Operator commands (`db ...`, `token create`) talk to the
+`skyfed serve`). Operator commands (`db ...`, `token ...`) talk to the
 database named by the config directly, so they work with the broker stopped.
 
 Errors print ONE line on stderr and exit 1.
@@ -34,7 +34,6 @@ OutputOpt = Annotated[str, typer.Option("--output", "-o", help="table | json | y
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Store URL (default from config).")]
 
 db_app = typer.Typer(no_args_is_help=True, help="Database schema migrations.")
-token_app = typer.Typer(no_args_is_help=True, help="API tokens (talks to the database).")
 
 
 def fail(message: str) -> typer.Exit:
@@ -139,30 +138,6 @@ def db_current(config: ConfigOpt = None, url: UrlOpt = None) -> None:
     target = _store_url(config, url)
     have = _run(lambda: asyncio.run(migrate.current(target)))
     typer.echo(f"current: {have or 'none (not migrated)'}  head: {migrate.head_revision()}")
-
-
-@token_app.command("create")
-def token_create(tenant: Annotated[str, typer.Option(help="Tenant the token acts for.")],
-                 config: ConfigOpt = None, url: UrlOpt = None,
-                 admin: Annotated[bool, typer.Option(help="An admin token.")] = False,
-                 description: Annotated[str, typer.Option()] = "") -> None:
-    """Create an API token (printed once; only its hash is stored)."""
-    from broker.store import Store
-
-    target = _store_url(config, url)
-
-    async def create() -> str:
-        store = Store.from_url(target, pool_size=1)
-        try:
-            await store.check_schema()
-            async with store.unit() as uow:
-                _, token = await uow.tokens.create(tenant=tenant, is_admin=admin,
-                                                   description=description)
-            return token
-        finally:
-            await store.close()
-
-    typer.echo(_run(lambda: asyncio.run(create())))
 
 
 def _documents(path: str) -> Iterator[tuple[int, Any]]:
@@ -405,4 +380,3 @@ def register(app: typer.Typer) -> None:
     app.command()(describe)
     app.command()(cancel)
     app.add_typer(db_app, name="db")
-    app.add_typer(token_app, name="token")

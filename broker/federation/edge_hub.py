@@ -378,7 +378,22 @@ class StoreRecorder:
                                                reason=str(data.get("cause", "")))
             elif kind in ("edge_failover", "edge_rebalance") and data.get("to_site"):
                 await self._move(uow, data, by="edge hub " + kind.removeprefix("edge_"))
-            await uow.events.append("edge." + kind.removeprefix("edge_"), subject, data)
+            await uow.events.append("edge." + kind.removeprefix("edge_"), subject, data,
+                                    tenant=await self._owner(uow, data))
+
+    @staticmethod
+    async def _owner(uow: Any, data: dict[str, Any]) -> str | None:
+        """Whose event it is: the service's workload's tenant; else the owner of a private
+        site; None (a federation event, every tenant sees it) for a federation-wide site."""
+        from broker.errors import NotFoundError
+
+        with contextlib.suppress(NotFoundError):
+            if data.get("service"):
+                return str((await uow.workloads.get(str(data["service"]))).workload.tenant)
+            if data.get("site"):
+                rec = await uow.sites.get(str(data["site"]))
+                return None if rec.shared else str(rec.tenant)
+        return None
 
     @staticmethod
     async def _rtt(uow: Any, data: dict[str, Any]) -> None:

@@ -37,10 +37,14 @@ def hub_serves(w: Workload) -> bool:
 def edge_services(
     placements: Iterable[Placement], clusters: Mapping[str, Cluster],
     workloads: Mapping[str, Workload], users: Mapping[str, UserRegion], *,
-    rtt_target_ms: float,
+    rtt_target_ms: float, site_tenants: Mapping[str, frozenset[str] | None] | None = None,
 ) -> list[EdgeService]:
-    """The EdgeServices for the latency-critical edge placements (see module docstring)."""
+    """The EdgeServices for the latency-critical edge placements (see module docstring).
+
+    `site_tenants`: each site's allowed tenants (None: federation-wide); a service may only
+    fail over to a site its tenant may use."""
     out: list[EdgeService] = []
+    private = site_tenants is not None and any(v is not None for v in site_tenants.values())
     for p in placements:
         w = workloads.get(p.workload_id)
         if w is None or not hub_serves(w):
@@ -50,9 +54,12 @@ def edge_services(
         user = users.get(w.spec.user_region or "")
         if not edge or user is None:
             continue
+        allowed = frozenset(n for n, ts in site_tenants.items() if ts is None or w.tenant in ts) \
+            if private and site_tenants is not None else None
         need = EdgeServiceNeed(name=w.id, user_lat=user.lat, user_lon=user.lon,
                                rtt_target_ms=rtt_target_ms,
-                               resources=w.spec.total, user_key=user.name)
+                               resources=w.spec.total, user_key=user.name,
+                               allowed_sites=allowed)
         spec = ServiceSpec(name=w.id, command=tuple(w.spec.command), env=dict(w.spec.env))
         out.append(EdgeService(need=need, spec=spec, images=(w.spec.image,),
                                prefer_site=edge[0]))
@@ -80,11 +87,14 @@ def edge_services_loader(rt: Runtime) -> Callable[[], Awaitable[Sequence[EdgeSer
             if not placed:
                 return []
             workloads = await uow.workloads.get_many([p.workload_id for p in placed])
-            sites = await uow.sites.list()
+            records = await uow.sites.list_records()
+            sites = [r.site for r in records]
         users = {u.name: u for u in user_regions(settings.placement, rt.offline_catalog(),
                                                   list(workloads.values()), sites)}
+        scopes = {r.site.name: None if r.shared else frozenset({r.tenant, *r.lent_to})
+                  for r in records}
         return edge_services(placed, clusters, workloads, users,
-                             rtt_target_ms=settings.edge.rtt_target_ms)
+                             rtt_target_ms=settings.edge.rtt_target_ms, site_tenants=scopes)
 
     return load
 

@@ -58,8 +58,10 @@ SYNC_FAILURES = Counter("skyfed_sync_failures_total",
                         "Sync attempts that failed after retries", ["account", "region", "error"])
 SYNC_STALENESS = Gauge("skyfed_sync_staleness_seconds",
                        "Seconds since the account's last successful sync", ["account"])
+# Per provider, summed over clusters: /metrics is unauthenticated and shows federation-level
+# aggregates only, never a tenant's or a cluster's name (a tenant's own spend: its budget API).
 BURN_RATE = Gauge("skyfed_burn_rate_usd_per_hour",
-                  "Provisioned nodes x price per hour", ["tenant", "cluster"])
+                  "Provisioned nodes x price per hour, summed per provider", ["provider"])
 
 PRICE_EPS = 1e-9
 MAX_EVENT_ITEMS = 20
@@ -227,9 +229,12 @@ class QuotaSync(PollingLoop):
         except Exception:  # metrics must never break the sync pass
             log.exception("burn-rate update failed")
             return
+        total: dict[str, float] = {}
         for rec in records:
             usd = sum(p.nodes * p.price_usd_per_hour for p in rec.cluster.pools)
-            BURN_RATE.labels(rec.tenant, rec.cluster.name).set(usd)
+            total[rec.cluster.provider] = total.get(rec.cluster.provider, 0.0) + usd
+        for provider, usd in total.items():
+            BURN_RATE.labels(provider).set(usd)
 
     def health(self, account: str) -> tuple[int, bool]:
         """(consecutive failed passes, stale) for `account`, as this loop sees it."""

@@ -5,8 +5,9 @@ placement loop, what-if and explain, `GET /v1/clusters/{name}`); the rules that 
 readings are broker/placement/snapshot.py's, shared with the twin. What it reads, each with
 the time it was read (the merge turns those into `Provenance` ages):
 
-- registrations: clusters (`uow.clusters`) and edge sites (`uow.sites`); a cluster registered
-  by the admin tenant is federation-wide, one registered by a tenant is that tenant's;
+- registrations: clusters (`uow.clusters`) and edge sites (`uow.sites`); one registered by an
+  admin or operator is federation-wide (`shared`), one registered by a tenant is that
+  tenant's and the tenants' it lent it to (`lent_to`);
 - observed inventory (`uow.inventory`, written by federation/inventory.py every poll);
 - synced offers (`uow.offers`, with the time sync wrote them) and each account's newest good
   quota snapshot (`uow.quotas`), with the account's stale flag;
@@ -64,7 +65,6 @@ from broker.store import ClusterRecord, InventoryRecord, SiteRecord, Store, Unit
 
 log = logging.getLogger(__name__)
 
-OPERATOR_TENANTS = frozenset({"admin"})
 Pair = tuple[str, str]
 
 
@@ -98,14 +98,14 @@ def _member(rec: ClusterRecord) -> Member:
     given = rec.attrs.get("price_sources")
     sources = {str(k): str(v) for k, v in given.items() if v in ("catalog", "registration")} \
         if isinstance(given, Mapping) else {}
-    return Member(cluster=rec.cluster, tenant=rec.tenant,
-                  operator=rec.tenant in OPERATOR_TENANTS, account=rec.account,
-                  registered_s=rec.updated_s, price_sources=sources)
+    return Member(cluster=rec.cluster, tenant=rec.tenant, operator=rec.shared,
+                  account=rec.account, registered_s=rec.updated_s, price_sources=sources,
+                  lent_to=frozenset(rec.lent_to))
 
 
 def _site_member(rec: SiteRecord) -> SiteMember:
-    return SiteMember(site=rec.site, tenant=rec.tenant, operator=rec.tenant in OPERATOR_TENANTS,
-                      registered_s=rec.updated_s)
+    return SiteMember(site=rec.site, tenant=rec.tenant, operator=rec.shared,
+                      registered_s=rec.updated_s, lent_to=frozenset(rec.lent_to))
 
 
 def _float(value: Any) -> float | None:

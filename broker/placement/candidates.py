@@ -21,6 +21,11 @@ of W workloads and O options this module computes, vectorised with numpy:
   `bias` = the policy's cluster bias (USD/h) x expected hours.
 - `cand[w]`: the k cheapest feasible options (plus the cheapest per spread
   domain), the LP's columns.
+- `visible[w, o]`: the workload's tenant may use the option's cluster
+  (`Cluster.allowed_tenants`: federation-wide, or private to the tenant, or lent
+  to it). An invisible option is infeasible and is not counted anywhere a
+  decision record shows (`infeasible_counts`, the number of options), so a
+  tenant's records never reveal another tenant's clusters, not even how many.
 
 Egress prices come from `FederationSnapshot.egress_usd_per_gb`; missing pairs
 fall back to constants: same region 0, same provider 0.02 USD/GB (AWS
@@ -110,6 +115,11 @@ class CandidateSet:
     cand: tuple[IntArray, ...]  # per workload: option indices, cheapest first
     infeasible_counts: tuple[Mapping[str, int], ...]  # per workload: family -> options ruled out
     domain: tuple[tuple[str, ...], ...]  # per workload: spread domain key of every option
+    visible: BoolArray | None = None  # W x O: the tenant may use the cluster (None: all)
+
+    def options_visible(self, w: int) -> int:
+        """How many options workload w's tenant may see (its decision record's count)."""
+        return len(self.options) if self.visible is None else int(self.visible[w].sum())
 
     def headroom_vec(self) -> FloatArray:
         """Headroom per resource: the policy's ratio for cpu and memory, 1 for GPUs.
@@ -237,7 +247,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     """Feasibility, cost and the k best options of every pending workload."""
     wls = tuple(snapshot.pending if workloads is None else workloads)
     options = build_options(snapshot)
-    n_w, n_o = len(wls), len(options)
+    n_w = len(wls)
     clusters = {c.name: c for c in snapshot.clusters}
     demand = np.array([[w.spec.resources.cpu, w.spec.resources.memory_gib,
                         w.spec.resources.gpu] for w in wls], dtype=np.float64).reshape(-1, 3)
@@ -245,10 +255,11 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     node = np.array([[o.pool.node.cpu, o.pool.node.memory_gib, o.pool.node.gpu]
                      for o in options], dtype=np.float64).reshape(-1, 3)
     masks = family_masks(snapshot, wls, options, demand, node)
-    feasible = np.ones((n_w, n_o), dtype=bool)
+    visible = tenancy_mask(wls, options)
+    feasible = visible.copy()
     for m in masks.values():
         feasible &= m
-    ruled_out = np.stack([n_o - masks[f].sum(axis=1) for f in FAMILIES], axis=1) \
+    ruled_out = np.stack([(visible & ~masks[f]).sum(axis=1) for f in FAMILIES], axis=1) \
         if n_w else np.zeros((0, len(FAMILIES)), dtype=np.int64)
     counts = tuple({FAMILIES[j]: int(row[j]) for j in np.flatnonzero(row)}
                    for row in ruled_out)
@@ -265,7 +276,23 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         workloads=wls, options=options, headroom=min(max(action.headroom, 0.0), 1.0),
         demand=demand, replicas=replicas, feasible=feasible, cost=cost, compute=compute,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
-        cand=cand, infeasible_counts=counts, domain=domains)
+        cand=cand, infeasible_counts=counts, domain=domains, visible=visible)
+
+
+def may_use(tenant: str, cluster: Cluster) -> bool:
+    """A tenant may place onto a federation-wide cluster, or one private to it or lent to it."""
+    return cluster.allowed_tenants is None or tenant in cluster.allowed_tenants
+
+
+def tenancy_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArray:
+    """W x O: True where the workload's tenant may use the option's cluster (`may_use`)."""
+    mask = np.ones((len(wls), len(options)), dtype=bool)
+    private = [j for j, o in enumerate(options) if o.cluster.allowed_tenants is not None]
+    for i, w in enumerate(wls):
+        for j in private:
+            if not may_use(w.tenant, options[j].cluster):
+                mask[i, j] = False
+    return mask
 
 
 def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],

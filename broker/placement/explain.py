@@ -32,6 +32,7 @@ from broker.placement.candidates import (
     FloatArray,
     build_candidates,
     family_masks,
+    may_use,
 )
 from broker.placement.ledger import Ledger
 
@@ -84,12 +85,13 @@ def why_not(ledger: Ledger, w: int, o: int) -> str:
 def unplaced_reason(ledger: Ledger, w: int) -> str:
     cs = ledger.cs
     counts = cs.infeasible_counts[w]
-    if not cs.options:
-        return "no options: the federation has no pools"
+    seen = cs.options_visible(w)
+    if not seen:
+        return "no options: the federation has no pools this tenant may use"
     if cs.cand[w].size == 0:
         parts = ", ".join(f"{fam} ruled out {n}" for fam, n in
                           sorted(counts.items(), key=lambda kv: -kv[1]))
-        return f"infeasible: no option passes every constraint of {len(cs.options)} ({parts})"
+        return f"infeasible: no option passes every constraint of {seen} ({parts})"
     fams: dict[str, int] = {}
     for o in cs.cand[w]:
         fam = why_not(ledger, w, int(o))
@@ -179,7 +181,7 @@ def decision(ledger: Ledger, w: int, pen: FloatArray, stats: SolveStats,
         "binding": _binding(model, relax, w,
                             index if index is not None else binding_index(model, relax)),
         "infeasible": dict(cs.infeasible_counts[w]),
-        "options": len(cs.options),
+        "options": cs.options_visible(w),
         "candidates": int(cs.cand[w].size),
         "unplaced_reason": reason,
         "solver": {"status": stats.status, "gap": stats.gap, "source": stats.source},
@@ -270,7 +272,9 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
     ids = [w.id for w in snapshot.pending]
     if workload_id not in ids:
         raise PlannerError(f"workload {workload_id!r} is not in the snapshot's pending batch")
-    if force_cluster not in {c.name for c in snapshot.clusters}:
+    tenant = snapshot.pending[ids.index(workload_id)].tenant
+    # Another tenant's private cluster is as unknown as a missing one: same error, same words.
+    if not any(c.name == force_cluster and may_use(tenant, c) for c in snapshot.clusters):
         raise PlannerError(f"unknown cluster {force_cluster!r}")
     cs = build_candidates(snapshot, action, k=config.k_candidates,
                           service_horizon_h=config.service_horizon_h)
@@ -287,8 +291,10 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
     forced_cs = replace(cs, feasible=feasible, cost=cost, cand=tuple(cand))
     forced = plan_candidates(forced_cs, snapshot, config, policy=policy)
     before, after = summary(base, workload_id), summary(forced, workload_id)
+    own = {w.id for w in snapshot.pending if w.tenant == tenant}  # never others' workloads
     moved = sorted(
         p.workload_id for p in forced.placements if p.workload_id != workload_id
+        and p.workload_id in own
         and _clusters(base, p.workload_id) != sorted({a.cluster for a in p.assignments}))
     blocked: list[str] = []
     if row.size == 0:

@@ -49,6 +49,18 @@ def penalties(cs: CandidateSet, base_usd: float) -> FloatArray:
                     dtype=np.float64)
 
 
+def tenant_budgets(snapshot: FederationSnapshot) -> dict[str, float]:
+    """USD/h each capped tenant may still add this epoch: its budget minus the run rate of
+    what it already runs (`Tenant.committed_usd_per_hour`, summed by the snapshot merge).
+    The budget holds across epochs, not only within one batch."""
+    out: dict[str, float] = {}
+    for t in snapshot.tenants:
+        left = t.budget_left_usd_per_hour
+        if left is not None:
+            out[t.name] = left
+    return out
+
+
 def conflicts(workloads: Sequence[Workload]) -> list[set[int]]:
     """Per workload: indices of batch workloads it must not share a cluster with."""
     by_name: dict[str, list[int]] = {}
@@ -92,9 +104,7 @@ class Ledger:
         self._q = np.full((len(names), 2), np.inf)
         for n in names:
             self._sync_quota(n)
-        self.tenant_left: dict[str, float] = {
-            t.name: t.budget_usd_per_hour for t in snapshot.tenants
-            if t.budget_usd_per_hour is not None}
+        self.tenant_left: dict[str, float] = tenant_budgets(snapshot)
         self.spend_w = np.zeros(len(cs.workloads))
         self.x: list[dict[int, int]] = [{} for _ in cs.workloads]
         self.domains: list[dict[str, int]] = [{} for _ in cs.workloads]

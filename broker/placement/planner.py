@@ -36,7 +36,7 @@ from broker.placement.baselines import greedy, karpenter, traditional
 from broker.placement.candidates import SUNK_SITE_COST_FRACTION, CandidateSet, build_candidates
 from broker.placement.decisions import DecisionConfig
 from broker.placement.kinds import Migration, PoolScale, PoolScaleIn, Prewarm, Retry
-from broker.placement.ledger import Ledger, penalties
+from broker.placement.ledger import Ledger, penalties, tenant_budgets
 
 __all__ = [
     "POLICIES",
@@ -248,8 +248,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     g = greedy(cs, snapshot) if config.greedy_incumbent else None
     if g is not None:
         cs = _with_greedy_columns(cs, g)
-    budgets = {t.name: t.budget_usd_per_hour for t in snapshot.tenants
-               if t.budget_usd_per_hour is not None}
+    budgets = tenant_budgets(snapshot)
     model = lp.build(cs, pen, budgets)
     build_s = candidates_s + time.perf_counter() - t0
     if config.solver != "highs":

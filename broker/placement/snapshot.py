@@ -11,7 +11,10 @@ Precedence, per value (the newest reading wins over the registration; docs/snaps
 - members: registered clusters; registered edge sites become edge clusters (one fixed pool
   of the site's capacity) unless a cluster of the same name is registered (the older
   "site + shadow cluster" form: the cluster's pools, the site's health).
-  `allowed_tenants`: None for an operator's registration, else the registering tenant.
+  `allowed_tenants`: None for an admin's or operator's registration (federation-wide), else
+  the registering tenant and the tenants it lent the member to.
+- tenants: each tenant's `committed_usd_per_hour` is the run rate of its active placements
+  (`running`), so its budget caps what runs, not only what one epoch adds.
 - capacity (`observed.py`): the driver's inventory replaces nodes, node shape, usage, GPU
   sets and reclaim rate of each registered pool; without one the registration stands.
 - usage: the larger of what is requested (inventory, then the broker's own commitments,
@@ -94,6 +97,7 @@ class Member:
     account: str | None = None
     registered_s: float = 0.0
     price_sources: Mapping[str, str] = field(default_factory=dict)  # pool -> catalog | ...
+    lent_to: frozenset[str] = frozenset()  # a private member's other tenants
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,7 @@ class SiteMember:
     tenant: str = "admin"
     operator: bool = True
     registered_s: float = 0.0
+    lent_to: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +204,8 @@ def members_of(inputs: MergeInputs) -> list[Member]:
     for s in inputs.sites:
         if s.site.name not in names:
             out.append(Member(cluster=site_cluster(s.site), tenant=s.tenant,
-                              operator=s.operator, registered_s=s.registered_s))
+                              operator=s.operator, registered_s=s.registered_s,
+                              lent_to=s.lent_to))
     return out
 
 
@@ -328,7 +334,20 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) 
                                  stale=min(rtt_ages) > settings.rtt_max_age_s)
     return replace(c, pools=pools, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
                    healthy=healthy, provenance=prov,
-                   allowed_tenants=None if member.operator else frozenset({member.tenant}))
+                   allowed_tenants=None if member.operator
+                   else frozenset({member.tenant}) | member.lent_to)
+
+
+def committed_spend(tenants: Sequence[Tenant], running: Sequence[Placement],
+                    workloads: Mapping[str, Workload]) -> tuple[Tenant, ...]:
+    """Each tenant with the run rate (USD/h) of its active placements: what its budget
+    already carries before this epoch adds anything."""
+    rate: dict[str, float] = {}
+    for p in running:
+        w = workloads.get(p.workload_id)
+        if w is not None:
+            rate[w.tenant] = rate.get(w.tenant, 0.0) + p.cost_usd_per_hour
+    return tuple(replace(t, committed_usd_per_hour=rate.get(t.name, 0.0)) for t in tenants)
 
 
 def replica_counts(running: Sequence[Placement], workloads: Mapping[str, Workload]
@@ -390,5 +409,6 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
         now_s=inputs.now_s, clusters=committed, pending=inputs.pending,
         running=inputs.running, user_regions=inputs.user_regions,
         rtt_ms={**inputs.user_rtt_ms, **inputs.cluster_rtt_ms, **users, **peers},
-        tenants=inputs.tenants, egress_usd_per_gb=dict(inputs.egress_usd_per_gb),
+        tenants=committed_spend(inputs.tenants, inputs.running, inputs.workloads),
+        egress_usd_per_gb=dict(inputs.egress_usd_per_gb),
         bandwidth_gbps=dict(inputs.bandwidth_gbps)), bad

@@ -1,8 +1,9 @@
 """Choose the serving, standby and failover sites of latency-critical edge services. Pure.
 
 For one service with users at (lat, lon) and an RTT target, a site is
-*feasible* when it is healthy, not excluded, has the free capacity, and its
-RTT to the users is within the target. The RTT is the agent's measured value
+*feasible* when it is healthy, not excluded, one the service's tenant may use
+(`allowed_sites`), has the free capacity, and its RTT to the users is within
+the target. The RTT is the agent's measured value
 when there is one (`measured_rtt_ms[(site, user_key)]`), else the estimate of
 `providers.geo.estimate_rtt_ms`.
 
@@ -56,6 +57,9 @@ class EdgeServiceNeed:
     resources: Resources = field(default_factory=Resources)
     user_key: str = ""  # probe-point name the agents' measured RTTs are keyed by
     latency_weight_usd_per_ms: float = 0.001
+    # The sites the service's tenant may use (federation-wide, its own, lent to it);
+    # None: every site. A failover never lands on another tenant's private site.
+    allowed_sites: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,8 @@ def rank_sites(
     out: list[SiteChoice] = []
     for site in sites:
         if site.health is not SiteHealth.HEALTHY or site.name in exclude:
+            continue
+        if need.allowed_sites is not None and site.name not in need.allowed_sites:
             continue
         avail = free.get(site.name, site.capacity) if free is not None else site.capacity
         if not need.resources.fits_in(avail):

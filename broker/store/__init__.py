@@ -91,8 +91,10 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   set_state(id, state, step=, error=, not_before_s=, attempt=, spec=)
                   supersede(key=, before_id=) -> ids   # the actuator's durable work queue
   uow.tenants     ensure(name, budget_usd_per_hour=None) ; get(name) ; list()
-  uow.tokens      create(tenant=, is_admin=False, description="", token=None) -> (id, token)
-                  resolve(token) -> Principal | None ; has_admin() ; revoke(token_id)
+  uow.tokens      create(tenant=, is_admin=False, description="", token=None, role=None,
+                         expires_s=None) -> (id, token)
+                  resolve(token) -> Principal | None (unknown, revoked, expired: None)
+                  has_admin() ; list(tenant=None) -> [TokenInfo] ; revoke(token_id, tenant=None)
   uow.now         the clock's time when the unit started (epoch s); uow.session (escape hatch)
 
 Store: from_url(), unit(), ping(), check_schema(), close(), dialect, clock, and
@@ -118,6 +120,7 @@ from broker.store.records import (
     Principal,
     QuotaSnapshot,
     SiteRecord,
+    TokenInfo,
     WorkloadRecord,
 )
 from broker.store.uow import Store, UnitOfWork
@@ -134,6 +137,7 @@ __all__ = [
     "QuotaSnapshot",
     "SiteRecord",
     "Store",
+    "TokenInfo",
     "UnitOfWork",
     "WorkloadRecord",
 ]

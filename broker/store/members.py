@@ -40,14 +40,19 @@ class ClusterRepo:
         self._events = events
 
     async def upsert(self, cluster: Cluster, *, tenant: str, account: str | None = None,
-                     attrs: Mapping[str, Any] | None = None) -> bool:
+                     attrs: Mapping[str, Any] | None = None, shared: bool | None = None,
+                     lent_to: Sequence[str] = ()) -> bool:
         """Create or replace `cluster` and its pools; True when created.
 
+        `shared`: federation-wide (an admin's or operator's registration); None keeps the
+        older rule, shared when the registering tenant is `admin`. Otherwise the cluster is
+        private to `tenant` and the tenants in `lent_to`.
         Raises `ConflictError` when the name belongs to another tenant.
         """
         row = await self._s.get(ClusterRow, cluster.name)
         values = cluster_to_values(cluster) | {"tenant": tenant, "account": account,
-                                               "updated_s": self._now}
+                                               "updated_s": self._now,
+                                               **scope_values(tenant, shared, lent_to)}
         if row is not None and row.tenant != tenant:
             raise ConflictError(f"cluster name {cluster.name!r} is taken by another tenant")
         if row is None:
@@ -78,6 +83,17 @@ class ClusterRepo:
         if tenant is not None:
             q = q.where(ClusterRow.tenant == tenant)
         return await self._records(list((await self._s.scalars(q)).all()))
+
+    async def usable_names(self, tenant: str) -> frozenset[str]:
+        """Names of the clusters and sites `tenant` may place onto: federation-wide ones,
+        its own, and those lent to it (the planner's `candidates.may_use`, read here)."""
+        out: set[str] = set()
+        for table in (ClusterRow, SiteRow):
+            q = select(table.name, table.tenant, table.shared, table.lent_to)
+            for name, owner, shared, lent in (await self._s.execute(q)).all():
+                if shared or owner == tenant or tenant in _names(lent):
+                    out.add(str(name))
+        return frozenset(out)
 
     async def edge_names(self) -> builtins.list[str]:
         """Names of the clusters registered with provider `edge` (the edge hub's)."""
@@ -141,7 +157,8 @@ class ClusterRepo:
             by_cluster.setdefault(p.cluster, []).append(p)
         return [ClusterRecord(cluster=cluster_from_row(r, by_cluster.get(r.name, [])),
                               tenant=r.tenant, account=r.account, attrs=_attrs(r.attrs),
-                              updated_s=r.updated_s) for r in rows]
+                              updated_s=r.updated_s, shared=bool(r.shared),
+                              lent_to=_names(r.lent_to)) for r in rows]
 
 
 class SiteRepo:
@@ -151,12 +168,15 @@ class SiteRepo:
         self._events = events
 
     async def upsert(self, site: Site, *, tenant: str,
-                     attrs: Mapping[str, Any] | None = None) -> bool:
-        """Create or replace an edge site; True when created. Another tenant's name: 409."""
+                     attrs: Mapping[str, Any] | None = None, shared: bool | None = None,
+                     lent_to: Sequence[str] = ()) -> bool:
+        """Create or replace an edge site; True when created. Another tenant's name: 409.
+        `shared` and `lent_to` as for clusters (`ClusterRepo.upsert`)."""
         row = await self._s.get(SiteRow, site.name)
         if row is not None and row.tenant != tenant:
             raise ConflictError(f"site name {site.name!r} is taken by another tenant")
-        values = site_to_values(site) | {"tenant": tenant, "updated_s": self._now}
+        values = site_to_values(site) | {"tenant": tenant, "updated_s": self._now,
+                                         **scope_values(tenant, shared, lent_to)}
         if row is None:
             await TenantRepo(self._s, self._now).ensure(tenant)
             await self._s.execute(insert(SiteRow).values(**values, attrs=dict(attrs or {}),
@@ -215,7 +235,22 @@ class SiteRepo:
 
 def _site_record(r: SiteRow) -> SiteRecord:
     return SiteRecord(site=site_from_row(r), tenant=r.tenant, last_seen_s=r.last_seen_s,
-                      attrs=_attrs(r.attrs), updated_s=r.updated_s)
+                      attrs=_attrs(r.attrs), updated_s=r.updated_s, shared=bool(r.shared),
+                      lent_to=_names(r.lent_to))
+
+
+SHARED_BY_DEFAULT = frozenset({"admin"})
+
+
+def scope_values(tenant: str, shared: bool | None, lent_to: Sequence[str]) -> dict[str, Any]:
+    """The `shared`/`lent_to` columns of a registration (see `ClusterRepo.upsert`)."""
+    wide = tenant in SHARED_BY_DEFAULT if shared is None else shared
+    return {"shared": wide,
+            "lent_to": None if wide else sorted(set(lent_to) - {tenant}) or None}
+
+
+def _names(raw: Any) -> tuple[str, ...]:
+    return tuple(sorted(str(n) for n in raw)) if isinstance(raw, list) else ()
 
 
 class OfferRepo:

@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -64,6 +65,8 @@ class ApiTokenRow(Base):
     description: Mapped[str] = mapped_column(String(200), default="")
     created_s: Mapped[float] = mapped_column(Float)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    role: Mapped[str] = mapped_column(String(16), default="tenant", server_default="tenant")
+    expires_s: Mapped[float | None] = mapped_column(Float)  # None: never expires
 
 
 class ClusterRow(Base):
@@ -84,6 +87,9 @@ class ClusterRow(Base):
     quota_stale: Mapped[bool] = mapped_column(Boolean, default=False)
     attrs: Mapped[dict[str, Any]] = mapped_column(default=dict)
     updated_s: Mapped[float] = mapped_column(Float)
+    # Federation-wide (an admin's or operator's) or private to `tenant` and `lent_to`.
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    lent_to: Mapped[list[Any] | None] = mapped_column()
 
 
 class PoolRow(Base):
@@ -128,6 +134,8 @@ class SiteRow(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     attrs: Mapped[dict[str, Any]] = mapped_column(default=dict)
     updated_s: Mapped[float] = mapped_column(Float)
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    lent_to: Mapped[list[Any] | None] = mapped_column()
 
 
 class OfferRow(Base):

@@ -7,18 +7,40 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.domain import Cluster, Placement, Site, Workload
+from broker.domain import Cluster, Placement, Role, Site, Workload
 from broker.placement.observed import ObservedNode
 from providers.base import Quota
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a bearer token speaks for."""
+    """Who a bearer token speaks for, and in which role."""
 
     tenant: str
-    is_admin: bool
+    role: Role
     token_id: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+    @property
+    def registers_shared(self) -> bool:
+        """Admins and operators register federation-wide members; tenants private ones."""
+        return self.role in (Role.ADMIN, Role.OPERATOR)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """A token as listed: never the token itself (only its hash is stored)."""
+
+    id: str
+    tenant: str
+    role: Role
+    description: str
+    created_s: float
+    expires_s: float | None
+    revoked: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +74,8 @@ class ClusterRecord:
     account: str | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
     updated_s: float = 0.0
+    shared: bool = False  # federation-wide; else private to `tenant` and `lent_to`
+    lent_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +85,8 @@ class SiteRecord:
     last_seen_s: float | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
     updated_s: float = 0.0
+    shared: bool = False  # federation-wide; else private to `tenant` and `lent_to`
+    lent_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ async def test_finding1_an_infinite_cluster_is_quarantined_and_everyone_else_is_
         await uow.clusters.upsert(_poisoned("quota-inf", price=0.001, quota=math.inf),
                                   tenant="mallory")
         await uow.clusters.upsert(_cluster("honest", "us-east-1", 38.9, -77.4, 0.3),
-                                  tenant="alice")
+                                  tenant="alice", shared=True)  # as an operator registers
         ids = [(await uow.workloads.submit(tenant=t, spec=_spec(f"job-{t}")))[0].workload.id
                for t in ("alice", "bob", "mallory")]
     loop = PlacementLoop(store, ManualClock(1000.0), PlacementSettings(), catalog=None)

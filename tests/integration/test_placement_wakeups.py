@@ -43,8 +43,10 @@ async def test_a_submission_wakes_placement_dispatch_and_status(tmp_path: Path) 
     settings = load_settings(store={"url": url}, data_dir=tmp_path,
                              placement={"epoch_s": 3600, "batch_window_s": 0.05})
     rt = build_runtime(settings)
-    admin = await ensure_admin_token(rt)
+    await ensure_admin_token(rt)
     await _seed(rt.store, [])
+    async with rt.store.unit() as uow:  # the clusters are acme's own: submit as acme
+        _, token = await uow.tokens.create(tenant="acme")
     clock = ManualClock(1000.0)  # the drivers' clock: replicas are ready at once
     drivers = {"cheap": _driver("cheap", clock), "dear": _driver("dear", clock)}
     loop = PlacementLoop(rt.store, rt.clock, settings.placement, catalog=None)
@@ -61,7 +63,7 @@ async def test_a_submission_wakes_placement_dispatch_and_status(tmp_path: Path) 
             await asyncio.sleep(0.2)  # every loop did its first pass and now waits an hour
             transport = httpx.ASGITransport(app=create_app(rt))
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                h = {"Authorization": f"Bearer {admin}"}
+                h = {"Authorization": f"Bearer {token}"}
                 t0 = time.monotonic()
                 r = await c.post("/v1/workloads", json=BODY, headers=h)
                 assert r.status_code == 201, r.text
