@@ -49,10 +49,12 @@ def world() -> tuple[Cluster, ...]:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_finding2_every_policy_keeps_tenants_off_others_private_clusters(policy: str) -> None:
-    snap = snapshot((job("w-bob", "bob"), job("w-alice", "alice")), clusters=world())
+    bobs = tuple(job(f"w-bob{i}", "bob") for i in range(4))
+    snap = snapshot((*bobs, job("w-alice", "alice")), clusters=world())
     plan = plan_epoch(snap, ACTION, CONFIG, policy=policy)
     where = {p.workload_id: {a.cluster for a in p.assignments} for p in plan.placements}
-    assert where == {"w-bob": {"fed"}, "w-alice": {"alice-cheap"}}
+    assert {w: where[w] for w in where if w != "w-alice"} == {w.id: {"fed"} for w in bobs}
+    assert where["w-alice"] <= {"alice-cheap", "fed"}  # (baselines spread by capacity)
 
 
 def test_finding2_decision_records_never_name_or_count_a_foreign_cluster() -> None:
