@@ -314,3 +314,22 @@ async def test_finding6_a_revocation_reaches_another_replica_within_1s(
         for rt in runtimes:
             await rt.store.close()
         await migrate.drop_schema(url)
+
+
+async def test_edge_events_of_a_private_site_go_to_its_owner_only(world: World) -> None:
+    from broker.federation.edge_hub import StoreRecorder
+
+    site = {"name": "alice-edge", "lat": 48.1, "lon": 11.6,
+            "capacity": {"cpu": 4, "memory": 8}}
+    assert (await world.c.post("/v1/sites", json=site, headers=world.alice)).status_code == 201
+    shared = dict(site, name="fed-edge")
+    assert (await world.c.post("/v1/sites", json=shared, headers=world.admin)).status_code == 201
+    record = StoreRecorder(world.rt.store)
+    for name in ("alice-edge", "fed-edge"):
+        await record("edge_site_health", {"site": name, "health": "down", "cause": "lwt"})
+    bob = (await world.c.get("/v1/events", params={"kind": "edge.site_health"},
+                             headers=world.bob)).json()["items"]
+    alice = (await world.c.get("/v1/events", params={"kind": "edge.site_health"},
+                               headers=world.alice)).json()["items"]
+    assert [e["subject"] for e in bob] == ["fed-edge"]
+    assert sorted(e["subject"] for e in alice) == ["alice-edge", "fed-edge"]

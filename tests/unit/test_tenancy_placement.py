@@ -149,3 +149,21 @@ def test_a_failover_never_lands_on_another_tenants_private_site() -> None:
     assert [c.site for c in rank_sites(need, sites, measured_rtt_ms=rtt)] == ["theirs", "mine"]
     scoped = replace(need, allowed_sites=frozenset({"mine"}))
     assert [c.site for c in rank_sites(scoped, sites, measured_rtt_ms=rtt)] == ["mine"]
+
+
+def test_edge_services_carry_the_sites_their_tenant_may_use() -> None:
+    from broker.domain import UserRegion
+    from broker.federation.edge_services import edge_services
+
+    spec = WorkloadSpec(name="svc", kind=WorkloadKind.SERVICE, image="img", replicas=1,
+                        resources=Resources(1, 2), user_region="osaka", latency_slo_ms=10.0)
+    w = Workload(id="w-bob", tenant="bob", spec=spec)
+    placed = Placement("w-bob", (Assignment("kobe", "site", PricingModel.EDGE, 1, 0.1),), 0.1)
+    clusters = {"kobe": Cluster(name="kobe", provider="edge", region="kobe", lat=34.7,
+                                lon=135.2)}
+    scopes = {"kobe": None, "alice-site": frozenset({"alice"}),
+              "lent": frozenset({"alice", "bob"})}
+    (svc,) = edge_services([placed], clusters, {w.id: w},
+                           {"osaka": UserRegion("osaka", 34.7, 135.5)}, rtt_target_ms=50.0,
+                           site_tenants=scopes)
+    assert svc.need.allowed_sites == frozenset({"kobe", "lent"})
