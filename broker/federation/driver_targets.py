@@ -9,7 +9,8 @@ drivers.
 Kind: `attrs.driver`, else "kubernetes" when attrs has a kubeconfig / in_cluster /
 kubernetes, else "edge" for provider edge, else "simulated" (so a fresh install dispatches
 somewhere). Kubernetes reads files or the service account of the broker host: only
-`TRUSTED_TENANTS` may register one.
+`TRUSTED_TENANTS` may register one, or an admin's or operator's federation-wide registration
+(`ClusterRecord.shared`: operators are who registers the federation's clusters).
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ def target_for(rec: ClusterRecord, *, catalog: Callable[[], Catalog] = Catalog.l
     """Parse and validate one registration; raises DriverConfigError naming what is wrong."""
     name, kind, attrs = rec.cluster.name, driver_kind(rec), _snake(rec.attrs)
     if kind == "kubernetes":
-        if trusted_tenants is not None and rec.tenant not in trusted_tenants:
+        if trusted_tenants is not None and rec.tenant not in trusted_tenants \
+                and not rec.shared:
             raise DriverConfigError(name, f"tenant {rec.tenant!r} may not register a kubernetes "
                                     "driver (it reads a kubeconfig or service account on the "
-                                    "broker host); ask an admin to register it")
+                                    "broker host); ask an admin or operator to register it")
         return DriverTarget(name=name, kind=kind, tenant=rec.tenant,
                             options=_kubernetes_options(name, attrs))
     pools = tuple(_sim_pool(rec.cluster, p, catalog, full=kind == "edge")

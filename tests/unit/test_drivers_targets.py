@@ -7,6 +7,7 @@ node size), so these run without a store.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -125,6 +126,8 @@ def test_only_trusted_tenants_may_point_at_host_kubeconfigs() -> None:
     assert target_for(record({"kubeconfig": "/k"}, tenant="acme"),
                       trusted_tenants=None).kind == "kubernetes"
     assert target_for(record(tenant="acme")).kind == "simulated"  # no host access needed
+    shared = replace(record({"kubeconfig": "/k"}, tenant="ops"), shared=True)
+    assert target_for(shared).kind == "kubernetes"  # an operator's federation-wide cluster
 
 
 def test_fingerprint_ignores_what_does_not_change_the_driver() -> None:
