@@ -25,7 +25,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,10 +36,10 @@ from broker.domain import (
     UserRegion,
 )
 from broker.placement.planner import EpochPlan, PlannerConfig
-from broker.sim import physics, training
+from broker.sim import hazard, physics, training
 from broker.sim.metrics import Metrics
 from broker.sim.network import data_move, user_rtt_table
-from broker.sim.realize import TwinNoise, realize
+from broker.sim.realize import SPOT_HAZARD, TwinNoise, realize, stream
 from broker.sim.scenario import CatalogLike, FaultSpec, Scenario
 from broker.sim.snapshot import build_snapshot, network_of
 from broker.sim.state import CapacityError, Group, Node, SimCluster, SimPool, WorkloadState
@@ -76,6 +76,9 @@ class SimConfig:
     demand_tau_s: float = 900.0
     # The twin's random parts (arrival jitter, duration noise) of run `scenario.seed`.
     noise: TwinNoise = field(default_factory=TwinNoise)
+    # Spot reclaim hazard per provider, per node-hour (sim/hazard.py's published bands).
+    reclaim_per_hour: Mapping[str, float] = field(
+        default_factory=lambda: dict(hazard.RECLAIM_PER_HOUR))
 
 
 def default_planner() -> PlannerFn:
@@ -107,6 +110,7 @@ class Engine:
         self.controller = controller
         self.progress = progress
         self.rng = random.Random(scenario.seed)
+        self._hazard_rng = stream(scenario.seed, SPOT_HAZARD)
         self.clusters = {c.name: _make_cluster(c) for c in scenario.clusters}
         self.workloads: dict[str, WorkloadState] = {}
         self.pending: dict[str, None] = {}  # insertion-ordered set of ids with pending replicas
@@ -312,9 +316,29 @@ class Engine:
                 for p in c.pools:
                     p.decay_demand(now, self.config.demand_tau_s)
             self.recent_demand_cpu *= (1 - a)
+        if dt > 0 and self.config.noise.spot_hazard:
+            self._spot_hazard(dt)
         self._scale_in(now)
         if self.prewarm:
             self._prewarm(now)
+
+    def _spot_hazard(self, dt: float) -> None:
+        """Spot nodes reclaimed by the per-pool hazard over the last `dt` s (sim/hazard.py);
+        handled exactly as a scripted `spot_reclaim` fault of that many nodes."""
+        for c in self.clusters.values():
+            if c.spec.fixed:
+                continue
+            for p in c.pools:
+                if not p.spec.spot or not p.nodes:
+                    continue
+                k = hazard.draw_reclaims(p.nodes, c.spec.provider, dt, self._hazard_rng,
+                                         self.config.reclaim_per_hour)
+                if k:
+                    self.metrics.hazard_reclaims += k
+                    self._reclaim(c, FaultSpec(at_s=self.now, target=c.name,
+                                               kind="spot_reclaim", nodes=k, pool=p.name))
+                    self._cap_version += 1
+                    self._version += 1
 
     def _scale_in(self, now: float) -> None:
         """Remove nodes idle for SCALE_IN_IDLE_S (per-node timers, as Cluster Autoscaler)."""

@@ -78,6 +78,7 @@ class Metrics:
         self.gpu_time: dict[int, tuple[Node, int, list[float]]] = {}
         self.gpu_paid_s: dict[int, float] = {}
         self.faults_applied = 0
+        self.hazard_reclaims = 0  # spot nodes reclaimed by the hazard (sim/hazard.py)
         self.prewarmed_nodes = 0
         self.unplaced_reasons: dict[str, str] = {}
         self.series: list[dict[str, float]] = []

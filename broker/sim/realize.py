@@ -41,7 +41,7 @@ from broker.sim.scenario import Realization, Scenario, TraceEvent
 
 ARRIVAL_JITTER = "arrival_jitter"
 DURATION_NOISE = "duration_noise"
-SPOT_HAZARD = "spot_hazard"  # reserved: spot reclaims as a per-pool hazard (issue 11, item 3)
+SPOT_HAZARD = "spot_hazard"  # spot reclaims as a per-pool hazard (sim/hazard.py)
 FAULT_TIMING = "fault_timing"  # reserved: jitter of scripted fault times (issue 11, item 3)
 STREAMS = (ARRIVAL_JITTER, DURATION_NOISE, SPOT_HAZARD, FAULT_TIMING)
 JOB_KINDS = frozenset({"batch", "train"})
@@ -61,6 +61,8 @@ class TwinNoise:
 
     arrival_jitter_s: float = 30.0
     duration_sigma: float = 0.1
+    # Spot reclaims as a per-pool hazard (sim/hazard.py), drawn from the `spot_hazard` stream.
+    spot_hazard: bool = True
 
     def __post_init__(self) -> None:
         for name in ("arrival_jitter_s", "duration_sigma"):
@@ -71,7 +73,7 @@ class TwinNoise:
     @classmethod
     def off(cls) -> TwinNoise:
         """The trace exactly as written (unit tests that compute expected numbers by hand)."""
-        return cls(arrival_jitter_s=0.0, duration_sigma=0.0)
+        return cls(arrival_jitter_s=0.0, duration_sigma=0.0, spot_hazard=False)
 
 
 def realize(scenario: Scenario, noise: TwinNoise | None = None) -> Scenario:

@@ -116,3 +116,35 @@ def test_scale_in_respects_what_runs_on_each_node() -> None:
     assert all(n.replicas == 1 for n in pool.node_list)
     assert not eng.workloads["b"].finished
     assert eng.workloads["b"].running == 1
+
+
+def test_spot_reclaims_arrive_as_a_hazard_not_only_as_scripted_faults() -> None:
+    # Issue 11: "Spot reclaims arrive as a hazard per pool, not only as scripted faults".
+    # 4 spot nodes each running a replica for 2 h, no scripted fault, at a (test) rate of
+    # one reclaim per node-hour: some go and their replicas come back; with the hazard off
+    # (TwinNoise.off()), none go.
+    import random
+
+    from broker.sim import hazard
+    from broker.sim.engine import Engine, SimConfig
+    from broker.sim.realize import TwinNoise
+    from tests.unit.test_twin_scenario import FakeCatalog
+
+    trace = "s,0,service,4,4,8,0,,,,0,,0\n"
+    scn = scenario(doc(nodes=4, max_nodes=8, horizon_s=7200.0, spot=True), trace)
+
+    def run_hazard(noise: TwinNoise) -> Engine:
+        eng = Engine(scn, FakeCatalog(), SimConfig(
+            noise=noise, check_invariants=True, reclaim_per_hour={"aws": 1.0}))
+        eng.run()
+        return eng
+
+    on = run_hazard(TwinNoise(arrival_jitter_s=0.0, duration_sigma=0.0))
+    off = run_hazard(TwinNoise.off())
+    assert on.metrics.hazard_reclaims > 0
+    assert on.clusters["c1"].pools[0].reclaims == on.metrics.hazard_reclaims
+    assert off.metrics.hazard_reclaims == 0
+    # The published rates: 10,000 GCP spot node-days lose ~10 % (binomial); AWS ~0.17 %.
+    k = hazard.draw_reclaims(10_000, "gcp", 86400.0, random.Random(1))
+    assert 900 < k < 1100
+    assert hazard.draw_reclaims(10, "edge", 86400.0, random.Random(1)) == 0
