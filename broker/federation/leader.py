@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from broker.clock import Clock, sleep_or_stop
 from broker.errors import StoreError
 from broker.federation.looping import Loop, supervise
+from broker.federation.metrics import LEADER_EPOCH
 from broker.store.leadership import Fence, PgLease, notify_wake
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class LeaderElector:
         """Run the loops until the session is lost or `stop`; then step down."""
         self.fence.epoch = epoch
         self.terms += 1
+        LEADER_EPOCH.set(epoch)
         log.warning("leader: elected (epoch %d, %s); starting %d loops", epoch,
                     self.lease.holder, len(self.loops))
         lead_stop = asyncio.Event()
@@ -123,6 +125,7 @@ class LeaderElector:
             log.warning("leader: %s; stepping down (epoch %d)", e.message, epoch)
         finally:
             self.fence.epoch = None  # first: no unit of work starts from here on
+            LEADER_EPOCH.set(0)
             lead_stop.set()
             await _finish(tasks, self.grace_s)
             await self.lease.close()

@@ -25,6 +25,10 @@ FAILOVERS = Counter(
     "skyfed_failovers_total",
     "Workloads moved off a failed place: by the reconciler (cluster) or the edge hub (site)",
     ["by"])
+LEADER_EPOCH = Gauge(
+    "skyfed_leader_epoch",
+    "The fencing epoch this replica leads under while it is the elected leader (it runs the "
+    "loops); 0 while it is not (broker/federation/leader.py)")
 
 # Export every series from the start (at 0), so dashboards and alerts see them before the
 # first event.

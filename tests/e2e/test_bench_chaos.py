@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 
 def test_bench_chaos_prints_the_documented_json() -> None:

@@ -24,7 +24,7 @@ from broker.bench.replicas import ReplicaSet, placement_counts, wait_leader, wai
 from broker.store import migrate
 from tests.e2e.test_foundation_restart import wait_ready
 
-pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import func, select, text
 
 from broker.clock import SystemClock
@@ -227,12 +228,14 @@ async def test_a_submission_on_any_replica_wakes_the_leader(url: str, store: Sto
         tg.create_task(elector.run(stop))
         tg.create_task(notifier.run(stop))
         await _until(lambda: elector.leading, 10)
+        assert REGISTRY.get_sample_value("skyfed_leader_epoch") == elector.fence.epoch
         await asyncio.sleep(0.1)
         woke.clear()  # the wake it gives itself on election
         notifier.poke()
         await asyncio.wait_for(woke.wait(), 5)
         stop.set()
     assert notifier.sent >= 1
+    assert REGISTRY.get_sample_value("skyfed_leader_epoch") == 0  # stepped down at stop
 
 
 def test_a_second_broker_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
