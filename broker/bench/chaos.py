@@ -46,7 +46,7 @@ from typing import Annotated, Any
 import typer
 
 from broker.bench.api import DEFAULT_PG, RawClient, free_port
-from broker.bench.replicas import ReplicaSet, _query, leader, names_stored
+from broker.bench.replicas import ReplicaSet, leader, names_stored, query
 
 SCENARIOS = ("leader_kill", "replica_kill", "pg_loss", "mqtt_restart", "provider_faults")
 SPEC: dict[str, Any] = {"kind": "service", "image": "nginx:1.27", "replicas": 1,
@@ -188,7 +188,7 @@ class Submitter:
 
 
 async def _placed(url: str, names: list[str]) -> int:
-    rows = await _query(url, """SELECT count(DISTINCT w.id) FROM workloads w
+    rows = await query(url, """SELECT count(DISTINCT w.id) FROM workloads w
                                 JOIN placements p ON p.workload_id = w.id
                                 WHERE w.name = ANY($1::text[])""", names)
     return int(rows[0][0] or 0)
@@ -216,7 +216,7 @@ async def _leader_kill(url: str, rs: ReplicaSet, tally: Tally, timeout_s: float)
     rs.kill(i)
 
     async def new_term_placed() -> bool:
-        rows = await _query(url, "SELECT count(*) FROM placements WHERE leader_epoch > $1",
+        rows = await query(url, "SELECT count(*) FROM placements WHERE leader_epoch > $1",
                             epoch)
         return int(rows[0][0] or 0) > 0
 
@@ -237,7 +237,7 @@ async def _pg_loss(url: str, rs: ReplicaSet, sub: Submitter, tally: Tally,
             if c.raddr and c.raddr.port == 5432:
                 ports.add(c.laddr.port)
     t0 = time.monotonic()
-    await _query(url, """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+    await query(url, """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                          WHERE client_port = ANY($1::int[]) AND client_addr = '127.0.0.1'""",
                  sorted(ports))
     probe = f"pgprobe-{uuid.uuid4().hex[:8]}"
@@ -253,7 +253,7 @@ async def _placed_one(url: str, name: str) -> bool:
 
 
 async def _rtt_at(url: str) -> float:
-    rows = await _query(url, "SELECT attrs FROM sites WHERE name = $1", SITE)
+    rows = await query(url, "SELECT attrs FROM sites WHERE name = $1", SITE)
     if not rows or rows[0][0] is None:
         return 0.0
     attrs = rows[0][0] if isinstance(rows[0][0], dict) else json.loads(rows[0][0])
@@ -309,7 +309,7 @@ async def _all_placed(url: str, names: list[str]) -> bool:
 
 
 async def _all_running(url: str, names: list[str]) -> bool:
-    rows = await _query(url, """SELECT count(*) FROM workloads
+    rows = await query(url, """SELECT count(*) FROM workloads
         WHERE name = ANY($1::text[]) AND status = 'running'""", names)
     return int(rows[0][0] or 0) >= len(names)
 
@@ -317,18 +317,18 @@ async def _all_running(url: str, names: list[str]) -> bool:
 async def count(url: str, tally: Tally) -> dict[str, int]:
     accepted = sorted(tally.accepted)
     stored = await names_stored(url, accepted)
-    placed_rows = await _query(url, """SELECT w.name FROM workloads w
+    placed_rows = await query(url, """SELECT w.name FROM workloads w
         WHERE w.name = ANY($1::text[]) AND EXISTS (
           SELECT 1 FROM placements p WHERE p.workload_id = w.id)""", accepted)
     placed = {str(r[0]) for r in placed_rows}
-    dup = await _query(url, """SELECT count(*) FROM (SELECT tenant, name FROM workloads
+    dup = await query(url, """SELECT count(*) FROM (SELECT tenant, name FROM workloads
                                GROUP BY tenant, name HAVING count(*) > 1) d""")
-    double = await _query(url, """SELECT count(*) FROM (
+    double = await query(url, """SELECT count(*) FROM (
         SELECT w.id FROM workloads w JOIN placements p ON p.workload_id = w.id GROUP BY w.id
         HAVING count(p.id) > 1 + (SELECT count(*) FROM events e WHERE e.subject = w.id
                                   AND e.kind IN ('workload.requeued', 'placement.moved'))
         ) d""")
-    running = await _query(url, """SELECT count(*) FROM workloads
+    running = await query(url, """SELECT count(*) FROM workloads
         WHERE name = ANY($1::text[]) AND status = 'running'""", accepted)
     return {"running": int(running[0][0] or 0),
             "accepted": len(accepted), "lost": len([n for n in accepted if n not in stored

@@ -115,7 +115,7 @@ class ReplicaSet:
 
 async def leader(url: str) -> tuple[int, int] | None:
     """(epoch, pid of the holder) of the current leader term, from `leader_epochs`."""
-    rows = await _query(url, "SELECT epoch, holder FROM leader_epochs WHERE name = 'broker'")
+    rows = await query(url, "SELECT epoch, holder FROM leader_epochs WHERE name = 'broker'")
     if not rows:
         return None
     epoch, holder = rows[0]
@@ -139,12 +139,12 @@ async def wait_leader(url: str, rs: ReplicaSet, *, not_epoch: int | None = None,
 async def placement_counts(url: str, prefix: str) -> dict[str, int]:
     """Over workloads named `prefix*`: how many exist, are placed (have an active or past
     placement), were placed more than once, and workload names stored more than once."""
-    rows = await _query(url, """
+    rows = await query(url, """
         SELECT count(*) FILTER (WHERE n >= 1), count(*) FILTER (WHERE n > 1), count(*)
         FROM (SELECT w.id, count(p.id) AS n FROM workloads w
               LEFT JOIN placements p ON p.workload_id = w.id
               WHERE w.name LIKE $1 GROUP BY w.id) per""", prefix + "%")
-    dup = await _query(url, """SELECT count(*) FROM (SELECT name FROM workloads
+    dup = await query(url, """SELECT count(*) FROM (SELECT name FROM workloads
                                WHERE name LIKE $1 GROUP BY name HAVING count(*) > 1) d""",
                        prefix + "%")
     placed, double, total = (int(v or 0) for v in rows[0])
@@ -163,12 +163,12 @@ async def wait_placed(url: str, prefix: str, want: int, timeout_s: float) -> dic
 
 
 async def names_stored(url: str, names: list[str]) -> set[str]:
-    rows = await _query(url, "SELECT DISTINCT name FROM workloads WHERE name = ANY($1::text[])",
+    rows = await query(url, "SELECT DISTINCT name FROM workloads WHERE name = ANY($1::text[])",
                         names)
     return {str(r[0]) for r in rows}
 
 
-async def _query(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+async def query(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
     """One query on a short-lived asyncpg connection (the bench reads, it never writes)."""
     import asyncpg
 

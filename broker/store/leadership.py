@@ -9,7 +9,9 @@ in exactly one, or two replicas place the same workload twice (issue 13, finding
   when the leader is killed, its connection is terminated (`pg_terminate_backend`) or the
   network drops it, PostgreSQL releases the lock and another replica's next try wins.
   Losing the connection therefore means losing leadership; the leader checks it every
-  `check_s` and stops its loops at once (broker/federation/leader.py). `key` is derived
+  `check_s` and stops its loops at once (broker/federation/leader.py). The session asks
+  the server for short TCP keepalives, so a leader cut off by the network loses the lock
+  too, after about 11 s, instead of the OS default two hours. `key` is derived
   from the schema, so throw-away test schemas in one database never contend.
 - Fencing epoch: the winner increments `leader_epochs.epoch` in the same session, in one
   transaction with a `leader.elected` event, and keeps the new value in a `Fence`. The
@@ -36,7 +38,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -44,6 +46,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from broker.errors import ConfigError, FencedError
 from broker.store.engine import json_dumps, mapped_errors, parse_store_url
 from broker.store.models import LeaderEpochRow
+
+if TYPE_CHECKING:
+    from broker.store.uow import Store
 
 log = logging.getLogger("skyfed")
 
@@ -96,7 +101,7 @@ def wake_channel(url: str) -> str:
     return f"skyfed_wake_{election_key(url) & 0xFFFFFFFFFFFF:012x}"
 
 
-async def notify_wake(store: Any, channel: str) -> None:
+async def notify_wake(store: Store, channel: str) -> None:
     """`NOTIFY channel` through the store's fast-path pool (PostgreSQL only)."""
     fast = store.fast_path
     if fast is None:
@@ -128,7 +133,13 @@ class PgLease:
                  timeout_s: float = 2.0) -> None:
         su = parse_store_url(url)
         self._dsn = su.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        self._settings = {"application_name": "skyfed-leader"}
+        # PostgreSQL must notice a leader cut off by the network (not killed) soon, or it
+        # keeps the session and so the lock: TCP keepalives after 5 s idle, every 2 s, 3
+        # missed = dead (~11 s; the server default is the OS's two hours), and unacked
+        # data gives up after 10 s.
+        self._settings = {"application_name": "skyfed-leader", "tcp_keepalives_idle": "5",
+                          "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
+                          "tcp_user_timeout": "10000"}
         if su.schema:
             self._settings["search_path"] = su.schema
         self.key = election_key(url)

@@ -99,6 +99,10 @@ async def test_only_one_lease_holds_and_each_election_raises_the_epoch(url: str)
         await a.close()  # a's session ends: the lock is released with it
         assert await b.try_acquire(3.0) == 2
         assert await a.alive() is False
+        # a partitioned leader's session must die on the server in seconds, not hours
+        conn = b._conn  # the dedicated session itself
+        assert await conn.fetchval("SHOW tcp_keepalives_idle") == "5"
+        assert await conn.fetchval("SHOW tcp_keepalives_count") == "3"
     finally:
         await a.close()
         await b.close()
