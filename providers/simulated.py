@@ -26,6 +26,7 @@ providers/kubernetes.py. Behaviour is deterministic for a given seed and clock:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 import time
@@ -87,6 +88,10 @@ class FailureInjection:
     delete_error_rate: float = 0.0
     status_error_rate: float = 0.0
     throttle_share: float = 0.5  # of the injected errors, this share are 429s, the rest 5xx
+    # of the injected errors on apply, delete and status, this share are timeouts drawn
+    # first: the call hangs `timeout_s` (wall clock, as a real API would), then fails
+    timeout_share: float = 0.0
+    timeout_s: float = 1.0
 
 
 @dataclass(slots=True)
@@ -263,7 +268,7 @@ class SimulatedClusterDriver:
 
     # ---- ClusterDriver ------------------------------------------------------------------
     async def apply(self, *, spec: ApplySpec) -> None:
-        self._maybe_fail("apply", self.failures.apply_error_rate)
+        await self._fail_point("apply", self.failures.apply_error_rate)
         self._check_pool(spec)
         old = self._workloads.get(spec.workload_id)
         if old is not None and old.spec == spec and old.finished is None:
@@ -285,7 +290,7 @@ class SimulatedClusterDriver:
         self._reschedule()
 
     async def delete(self, *, workload_id: str) -> None:
-        self._maybe_fail("delete", self.failures.delete_error_rate)
+        await self._fail_point("delete", self.failures.delete_error_rate)
         w = self._workloads.pop(workload_id, None)
         if w is None:
             return  # deleting what is gone is success (like a 404 on delete)
@@ -295,11 +300,11 @@ class SimulatedClusterDriver:
         self._reschedule()
 
     async def status(self, *, workload_id: str) -> DriverStatus:
-        self._maybe_fail("status", self.failures.status_error_rate)
+        await self._fail_point("status", self.failures.status_error_rate)
         return self._status(self._get(workload_id))
 
     async def list_status(self) -> list[DriverStatus]:
-        self._maybe_fail("status", self.failures.status_error_rate)
+        await self._fail_point("status", self.failures.status_error_rate)
         return [self._status(w) for _, w in sorted(self._workloads.items())]
 
     async def inventory(self) -> list[NodeInventory]:
@@ -382,11 +387,22 @@ class SimulatedClusterDriver:
         if self._down:
             raise TransientError(f"cluster {self.name!r} is unreachable", provider="simulated")
         if rate > 0 and self._rng.random() < rate:
+            if self.failures.timeout_share > 0 and self._rng.random() < self.failures.timeout_share:
+                raise _InjectedTimeout(op)
             err: type[ProviderError] = (
                 ThrottledError if self._rng.random() < self.failures.throttle_share
                 else TransientError
             )
             raise err(f"injected fault on {op} in cluster {self.name!r}", provider="simulated")
+
+    async def _fail_point(self, op: str, rate: float) -> None:
+        """`_maybe_fail` for the calls that can time out (apply, delete, status)."""
+        try:
+            self._maybe_fail(op, rate)
+        except _InjectedTimeout:
+            await asyncio.sleep(self.failures.timeout_s)
+            raise TransientError(f"injected timeout on {op} in cluster {self.name!r} after "
+                                 f"{self.failures.timeout_s} s", provider="simulated") from None
 
     def _check_pool(self, spec: ApplySpec) -> None:
         for pool in spec.pools():
@@ -498,3 +514,7 @@ def _replicas(spec: ApplySpec) -> list[_Replica]:
     """One pending replica per replica of each pool (`ApplySpec.pools`)."""
     return [_Replica(node=None, pool=pool) for pool, n in sorted(spec.pools().items())
             for _ in range(n)]
+
+
+class _InjectedTimeout(Exception):  # an internal signal: it never leaves the driver
+    """An injected fault that is a timeout (`FailureInjection.timeout_share`)."""

@@ -2,9 +2,10 @@
 
 Setup (once): a throw-away schema in the PostgreSQL of `--pg-url`, `--replicas` full
 brokers (`skyfed serve`, bench/replicas.py) on it, simulated member clusters whose
-provider API fails 30 % of calls (`attrs.simulated.error_rate`: half 429, half 5xx; a
-standing fault in every trial), this bench's OWN Mosquitto on a free port (never the
-system one) and one real edge agent (`skyfed-edge run`) on a registered site.
+provider API fails 30 % of calls (`attrs.simulated.error_rate`: a third 429, a third 5xx,
+a third timeouts that hang 1 s; a standing fault in every trial), this bench's OWN
+Mosquitto on a free port (never the system one) and one real edge agent (`skyfed-edge
+run`) on a registered site.
 
 Trial k runs scenario k mod 5, each bounded by `--trial-timeout-s`:
 
@@ -437,7 +438,7 @@ def chaos(trials: Annotated[int, typer.Option(min=1, max=1000, help="Trials (sce
     from rich.table import Table
 
     table = Table(title=f"chaos: {trials} trials, {replicas} replicas, PostgreSQL, "
-                        f"{int(PROVIDER_ERROR_RATE * 100)} % provider errors")
+                        f"{int(PROVIDER_ERROR_RATE * 100)} % provider 429/5xx/timeouts")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key in ("accepted", "lost", "duplicated", "double_placed"):

@@ -392,6 +392,8 @@ def make_driver_refresh(rt: Runtime) -> DriverRefreshLoop:
 
 
 def _failures(error_rate: float) -> FailureInjection:
-    """Injected provider faults of a simulated cluster (`attrs.simulated.error_rate`)."""
+    """Injected provider faults of a simulated cluster (`attrs.simulated.error_rate`): of
+    the failing calls a third time out (hang 1 s, then fail), a third are 429s, a third 5xx."""
     return FailureInjection(apply_error_rate=error_rate, delete_error_rate=error_rate,
-                            status_error_rate=error_rate)
+                            status_error_rate=error_rate, timeout_share=1 / 3,
+                            throttle_share=0.5, timeout_s=1.0)

@@ -199,3 +199,18 @@ async def test_prewarm_is_recorded_and_done_after_prewarm_s() -> None:
     assert await d.prewarm_done(key="k1") is True
     with pytest.raises(NotFoundError):
         await d.prewarm(spec=PrewarmSpec(key="k2", pool="nope"))
+
+
+async def test_an_injected_timeout_hangs_then_fails_and_changes_nothing() -> None:
+    """`skyfed bench chaos`'s provider timeouts: the call hangs, then fails retryably."""
+    import time
+
+    d = make(failures=FailureInjection(apply_error_rate=1.0, timeout_share=1.0,
+                                       timeout_s=0.05))
+    t0 = time.monotonic()
+    with pytest.raises(TransientError, match="injected timeout on apply") as err:
+        await d.apply(spec=spec())
+    assert time.monotonic() - t0 >= 0.05
+    assert err.value.retryable
+    with pytest.raises(NotFoundError):
+        await d.status(workload_id="w1")
