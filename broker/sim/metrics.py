@@ -80,6 +80,7 @@ class Metrics:
         self.faults_applied = 0
         self.hazard_reclaims = 0  # spot nodes reclaimed by the hazard (sim/hazard.py)
         self.prewarmed_nodes = 0
+        self.migrations: dict[str, int] = {}  # moves started, by Migration.reason
         self.unplaced_reasons: dict[str, str] = {}
         self.series: list[dict[str, float]] = []
 

@@ -13,12 +13,15 @@ Each simulated node reports what runs on it (the engine places every replica on 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from broker.domain import (
+    Assignment,
     Cluster,
     DataSource,
     FederationSnapshot,
+    Placement,
     Pool,
     PricingModel,
     Resources,
@@ -57,7 +60,24 @@ def pending_workload(ws: WorkloadState) -> Workload:
         resources=Resources(ev.cpu, ev.memory_gib, ev.gpu), gpu_model=ev.gpu_model,
         user_region=ev.user_region, latency_slo_ms=ev.latency_slo_ms, data=data,
         image_gb=ev.image_gb, duration_s=ev.predicted_duration_s, priority=ev.priority)
-    return Workload(id=ev.id, tenant=ev.tenant, spec=spec, submitted_s=ev.submit_s)
+    return Workload(id=ev.id, tenant=ev.tenant, spec=spec, submitted_s=ev.submit_s,
+                    attempts=ws.tries, last_attempt_s=ws.tried_s if ws.tries else None)
+
+
+def running_placement(ws: WorkloadState) -> Placement:
+    """Where a running workload's replicas are, one assignment per pool (the migration
+    rules' `source`; prices are the planner's to compute, so 0 here)."""
+    count: dict[Pair, int] = {}
+    for g in ws.groups:
+        count[(g.cluster, g.pool)] = count.get((g.cluster, g.pool), 0) + g.count
+    return Placement(ws.ev.id, tuple(Assignment(c, p, PricingModel.ON_DEMAND, n, 0.0)
+                                     for (c, p), n in count.items()), 0.0)
+
+
+def movable(ws: WorkloadState) -> bool:
+    """A service fully running, not being moved: what the migration rules may look at."""
+    return (ws.ev.kind == "service" and not ws.finished and ws.pending == 0
+            and ws.moving is None and bool(ws.groups) and all(g.running for g in ws.groups))
 
 
 def registered(c: SimCluster, now: float) -> Cluster:
@@ -128,6 +148,19 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
         user_rtt_ms=engine.rtt, cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps)
 
 
-def build_snapshot(engine: Engine, batch: Sequence[WorkloadState]) -> FederationSnapshot:
-    """The FederationSnapshot of the engine's state now, asking for `batch`."""
-    return merge(twin_inputs(engine, batch), TWIN_MERGE)
+def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
+                   running: bool = False) -> FederationSnapshot:
+    """The FederationSnapshot of the engine's state now, asking for `batch`; with `running`,
+    the running services (`movable`) with their specs and the sites they were evicted from.
+    When capacity last grew is the engine's (backoff's "cluster event")."""
+    snap = merge(twin_inputs(engine, batch), TWIN_MERGE)
+    if not running:
+        return replace(snap, capacity_changed_s=engine.capacity_changed_s)
+    states = [ws for ws in engine.workloads.values() if movable(ws)]
+    specs = {}
+    for ws in states:
+        w = pending_workload(ws)
+        specs[ws.ev.id] = replace(w, spec=replace(w.spec, replicas=ws.placed))
+    return replace(snap, capacity_changed_s=engine.capacity_changed_s,
+                   running=tuple(running_placement(ws) for ws in states), workloads=specs,
+                   displaced={ws.ev.id: tuple(ws.displaced) for ws in states if ws.displaced})

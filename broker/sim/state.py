@@ -282,9 +282,12 @@ class WorkloadState:
     finished: bool = False
     run_token: int = 0  # bumped when a gang job restarts: stale FINISH events are ignored
     ever_started: bool = False
-    tried_version: int = -1  # capacity version at the last planner attempt
-    tried_s: float = -1e18
-    tries: int = 0  # planner attempts while pending (backoff)
+    tried_s: float = -1e18  # the planner's last attempt (planner.Retry)
+    tries: int = 0  # planner attempts that left it (partly) unplaced (planner.Retry)
+    # A migration in flight: its target group and the source groups drained once it is ready.
+    moving: tuple[Group, list[Group]] | None = None
+    # Sites it was evicted from by a failure (its preferred home: Migration "recovered").
+    displaced: list[str] = field(default_factory=list)
     # Outstanding scale-out requests: (requested at, replicas that must run).
     scale_requests: list[tuple[float, int]] = field(default_factory=list)
     xz_rate: float = 0.0  # bytes/s this service contributes (cross-zone part)
