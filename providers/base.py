@@ -138,6 +138,9 @@ class NodeInventory:
     # Replicas of broker-managed workloads running on the node; None when the driver cannot
     # tell (then "empty" means nothing requested at all). The scale-in idle timer's input.
     replicas: int | None = None
+    # Ids of the broker-managed workloads with replicas on the node (empty when the driver
+    # cannot tell): what the planner moves off a node that is leaving.
+    workloads: tuple[str, ...] = ()
 
 
 class WorkloadPhase(enum.StrEnum):

@@ -38,7 +38,7 @@ import os
 import re
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from providers import kubernetes_native as kn
@@ -73,6 +73,7 @@ from providers.kubernetes_objects import (
     render,
     requested_by_node,
     status_of,
+    workloads_by_node,
 )
 
 T = TypeVar("T")
@@ -422,9 +423,13 @@ class KubernetesDriver:
         except NotFoundError:
             pods = []
         used = requested_by_node(pods)
-        return [node_inventory(n, used.get((n.get("metadata") or {}).get("name", ""),
-                                           (0.0, 0.0, 0.0, 0)))
-                for n in nodes]
+        on = workloads_by_node(pods)
+        out = []
+        for n in nodes:
+            name = (n.get("metadata") or {}).get("name", "")
+            inv = node_inventory(n, used.get(name, (0.0, 0.0, 0.0, 0)))
+            out.append(replace(inv, workloads=on.get(name, ())))
+        return out
 
     # ---- metrics.k8s.io (telemetry) ----------------------------------------------------
     async def node_usage(self) -> dict[str, tuple[float, float]]:

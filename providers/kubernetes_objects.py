@@ -192,6 +192,18 @@ def requested_by_node(pods: list[dict[str, Any]]
     return {node: (acc[0], acc[1], acc[2], int(acc[3])) for node, acc in used.items()}
 
 
+def workloads_by_node(pods: list[dict[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """Node name -> ids of the broker-managed workloads with a running pod there."""
+    out: dict[str, dict[str, None]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if node and labels.get(MANAGED_LABEL) == "skyfed" and labels.get(ID_LABEL) and \
+                (pod.get("status") or {}).get("phase", "Running") == "Running":
+            out.setdefault(str(node), {})[str(labels[ID_LABEL])] = None
+    return {node: tuple(ids) for node, ids in out.items()}
+
+
 def node_inventory(n: Mapping[str, Any], used: tuple[float, float, float, int]
                    ) -> NodeInventory:
     """One Node object, the (cpu, memory GiB, GPUs) its running pods request and how many

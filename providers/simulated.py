@@ -313,11 +313,13 @@ class SimulatedClusterDriver:
         out = []
         now = self._clock()
         on_node: dict[str, int] = {}
-        for w in self._workloads.values():
+        ids: dict[str, dict[str, None]] = {}
+        for wid, w in self._workloads.items():
             if w.finished is None:
                 for r in (*w.replicas, *(r for _, r in w.old)):
                     if r.node is not None:
                         on_node[r.node] = on_node.get(r.node, 0) + 1
+                        ids.setdefault(r.node, {})[wid] = None
         for n in sorted(self._nodes.values(), key=lambda n: n.name):
             if n.booted_at > now:
                 continue
@@ -334,6 +336,7 @@ class SimulatedClusterDriver:
                 topology=NodeTopology(gpu_count=p.gpu_per_node, gpu_model=p.gpu_model,
                                       interconnect=p.interconnect),
                 ready=n.ready, unschedulable=n.unschedulable, replicas=on_node.get(n.name, 0),
+                workloads=tuple(ids.get(n.name, ())),
             ))
         return out
 

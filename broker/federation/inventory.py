@@ -73,7 +73,8 @@ def next_nodes(prev: Sequence[ObservedNode], reported: Sequence[NodeInventory], 
                                   n.allocatable_gpu),
             allocated=Resources(n.used_cpu, n.used_memory_gib, n.used_gpu),
             ready=n.ready, ever_ready=n.ready or (old is not None and old.ever_ready),
-            unschedulable=n.unschedulable, taints=tuple(n.taints), idle_since_s=idle))
+            unschedulable=n.unschedulable, taints=tuple(n.taints), idle_since_s=idle,
+            workloads=tuple(n.workloads)))
     seen = {n.name for n in reported}
     reclaims: dict[str, int] = {}
     for old in prev:

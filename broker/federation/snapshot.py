@@ -92,6 +92,7 @@ class Readings:
     demand: Mapping[Pair, tuple[float, float, float]] = field(default_factory=dict)
     tenants: tuple[Any, ...] = ()
     ordered: Mapping[Pair, int] | None = None  # nodes on order (open scale decisions)
+    displaced: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # failover homes
 
 
 def _member(rec: ClusterRecord) -> Member:
@@ -177,11 +178,13 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
         workloads = await uow.workloads.get_many(sorted(ids)) if ids else {}
     ordered = ordered_nodes(await uow.decisions.list_open(kinds=("scale", "prewarm"))) \
         if orders else None
+    displaced = await uow.workloads.displaced(sorted(workloads)) if workloads else {}
     return Readings(now_s=now, clusters=clusters, sites=sites, inventory=inventory,
                     prices=prices, quotas=quotas, pending=tuple(pending),
                     running=tuple(placed), workloads=workloads,
                     demand=await uow.demand.list() if running else {},
-                    tenants=tuple(await uow.tenants.list()), ordered=ordered)
+                    tenants=tuple(await uow.tenants.list()), ordered=ordered,
+                    displaced=displaced)
 
 
 class RunningCache:
@@ -300,14 +303,16 @@ class SnapshotReader:
             workloads=r.workloads, replicas=replica_counts(r.running, r.workloads),
             demand={k: (decayed(c, at, r.now_s, tau), decayed(g, at, r.now_s, tau))
                     for k, (c, g, at) in r.demand.items()},
-            tenants=r.tenants, ordered=r.ordered)
+            tenants=r.tenants, ordered=r.ordered, displaced=r.displaced)
         if not network:
             return inputs
         clusters = [m.cluster for m in members_of(inputs)]
         pair_rtt, gbps = self._cluster_pairs(clusters)
-        user_rtt, egress = batch_maps(self.catalog, clusters, r.pending)
+        # The running workloads too: the migration rules price and check their moves.
+        asked = (*r.pending, *r.workloads.values())
+        user_rtt, egress = batch_maps(self.catalog, clusters, asked)
         return replace(inputs, user_regions=user_regions(
-                           self.placement, self.catalog, r.pending, [s.site for s in r.sites]),
+                           self.placement, self.catalog, asked, [s.site for s in r.sites]),
                        user_rtt_ms=user_rtt, egress_usd_per_gb=egress,
                        cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps)
 

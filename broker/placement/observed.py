@@ -71,6 +71,7 @@ class ObservedNode:
     taints: tuple[str, ...] = ()  # `key=value:Effect`
     idle_since_s: float | None = None  # first seen without replicas (the poller keeps it)
     prewarmed: bool = False
+    workloads: tuple[str, ...] = ()  # ids of the workloads with replicas here
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,7 @@ def node_state(pool: Pool, node: ObservedNode) -> NodeState:
         booting=not node.ready and not node.ever_ready,
         leaving=leaving(node) if node.taints or node.unschedulable or not node.ready
         else NodeLeaving.NO,
-        idle_since_s=node.idle_since_s, prewarmed=node.prewarmed)
+        idle_since_s=node.idle_since_s, prewarmed=node.prewarmed, workloads=node.workloads)
 
 
 def reclaim_rate_per_hour(reclaims: int, since_s: float, now_s: float) -> float:

@@ -165,6 +165,8 @@ class MergeInputs:
     pending: tuple[Workload, ...] = ()
     running: tuple[Placement, ...] = ()
     workloads: Mapping[str, Workload] = field(default_factory=dict)  # of `running`
+    # Clusters each running workload was failed over from (the reconciler's displaced_from).
+    displaced: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # (placed, not running yet) replicas per (cluster, pool): `replica_counts` live.
     replicas: Mapping[Pair, tuple[int, int]] = field(default_factory=dict)
     demand: Mapping[Pair, tuple[float, float]] = field(default_factory=dict)  # cpu, gpu / s
@@ -411,4 +413,5 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
         rtt_ms={**inputs.user_rtt_ms, **inputs.cluster_rtt_ms, **users, **peers},
         tenants=committed_spend(inputs.tenants, inputs.running, inputs.workloads),
         egress_usd_per_gb=dict(inputs.egress_usd_per_gb),
-        bandwidth_gbps=dict(inputs.bandwidth_gbps)), bad
+        bandwidth_gbps=dict(inputs.bandwidth_gbps), workloads=dict(inputs.workloads),
+        displaced=dict(inputs.displaced)), bad

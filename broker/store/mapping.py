@@ -276,7 +276,8 @@ def node_to_json(n: ObservedNode) -> dict[str, Any]:
     return {"name": n.name, "pool": n.pool, "instance_type": n.instance_type,
             "allocatable": _res_json(n.allocatable), "allocated": _res_json(n.allocated),
             "ready": n.ready, "ever_ready": n.ever_ready, "unschedulable": n.unschedulable,
-            "taints": list(n.taints), "idle_since_s": n.idle_since_s, "prewarmed": n.prewarmed}
+            "taints": list(n.taints), "idle_since_s": n.idle_since_s, "prewarmed": n.prewarmed,
+            "workloads": list(n.workloads)}
 
 
 def node_from_json(d: Mapping[str, Any]) -> ObservedNode:
@@ -289,4 +290,5 @@ def node_from_json(d: Mapping[str, Any]) -> ObservedNode:
         unschedulable=bool(d.get("unschedulable", False)),
         taints=tuple(str(t) for t in d.get("taints", ())),
         idle_since_s=None if idle is None else float(idle),
-        prewarmed=bool(d.get("prewarmed", False)))
+        prewarmed=bool(d.get("prewarmed", False)),
+        workloads=tuple(str(w) for w in d.get("workloads", ())))

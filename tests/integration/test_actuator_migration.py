@@ -26,6 +26,7 @@ from broker.domain import (
 from broker.federation.actuator import Actuator
 from broker.federation.decision_log import record_decisions
 from broker.federation.dispatcher import Dispatcher
+from broker.federation.inventory import InventoryPoller
 from broker.federation.migration import Migrator
 from broker.federation.placement_loop import PlacementLoop
 from broker.federation.reconciler import Reconciler
@@ -51,10 +52,11 @@ def _cluster(name: str, price: float) -> Cluster:
 
 
 class World:
-    """Two clusters, one workload running on the cheaper one."""
+    """Two clusters, one workload running on the cheaper one ("old")."""
 
-    def __init__(self, store: Store) -> None:  # noqa: F811
+    def __init__(self, store: Store, new_price: float = 0.3) -> None:  # noqa: F811
         self.store = store
+        self.new_price = new_price
         self.clock = ManualClock(1000.0)
         self.drivers = {n: SimulatedClusterDriver(
             n, [SimPool(name="cpu", nodes=2, cpu_per_node=4, memory_gib_per_node=16)],
@@ -65,7 +67,7 @@ class World:
         async with self.store.unit() as uow:
             await uow.tenants.ensure("acme")
             await uow.clusters.upsert(_cluster("old", 0.1), tenant="acme")
-            await uow.clusters.upsert(_cluster("new", 0.3), tenant="acme")
+            await uow.clusters.upsert(_cluster("new", self.new_price), tenant="acme")
             spec = WorkloadSpec(name="web", kind=WorkloadKind.SERVICE, image="nginx",
                                 replicas=REPLICAS, resources=Resources(1, 2, 0))
             rec, _ = await uow.workloads.submit(tenant="acme", spec=spec)
@@ -76,6 +78,18 @@ class World:
         await self.reconcile()
         assert await self.status() is WorkloadStatus.RUNNING
         assert await self.ready("old") == REPLICAS
+
+    async def plan(self) -> EpochPlan:
+        """What the planner decides now, from the polled inventory (recorded as live)."""
+        await InventoryPoller(self.store, self.drivers, self.clock).poll_once()
+        plan = await PlacementLoop(self.store, self.clock, PlacementSettings(),
+                                   catalog=None).tick()
+        assert plan is not None
+        return plan
+
+    async def set_price(self, cluster: str, price: float) -> None:
+        async with self.store.unit() as uow:
+            await uow.clusters.upsert(_cluster(cluster, price), tenant="acme")
 
     async def reconcile(self) -> None:
         await Reconciler(self.store, self.drivers, self.clock).reconcile_once()
@@ -173,7 +187,14 @@ async def test_node_tainted_for_termination_has_its_replicas_moved_before_it_goe
     spot.taint_node(node, TERMINATION_TAINT)  # the interruption notice: ~2 minutes left
     inv = {n.name: n for n in await spot.inventory()}
     assert TERMINATION_TAINT in inv[node].taints
-    await w.decide_move("node-loss")
+    assert w.wid in inv[node].workloads
+    # The planner sees the leaving node in the polled inventory and moves what runs there.
+    [m] = (await w.plan()).migrations
+    assert (m.workload_id, m.reason) == (w.wid, "node-loss")
+    assert {a.cluster for a in m.target.assignments} == {"new"}
+    async with store.unit() as uow:
+        [rec] = await uow.decisions.list_open(kinds=("migration",))
+    assert rec.spec["reason"] == "node-loss"
     act = w.actuator()
     await act.act_once()
     w.clock.advance(STARTUP_S)
@@ -220,16 +241,9 @@ async def test_failover_remembers_the_cluster_and_moving_back_forgets_it(
     w.clock.advance(STARTUP_S)
     await w.reconcile()
     # ... "old" is back: the planner moves it home ("recovered"), the actuator carries it out.
-    source = (Assignment("new", "cpu", PricingModel.ON_DEMAND, REPLICAS, 0.9),)
-    home = Placement(w.wid, (Assignment("old", "cpu", PricingModel.ON_DEMAND, REPLICAS,
-                                        0.3),), 0.3)
-    plan = EpochPlan(placements=(), unplaced={}, scale=(),
-                     stats=SolveStats("heuristic", 0.0, None, None, 0.0, 0.0),
-                     migrations=(Migration(w.wid, source, home, "recovered"),))
-    async with store.unit() as uow:
-        await record_decisions(uow, plan, FederationSnapshot(now_s=w.clock.now(), clusters=(),
-                                                             pending=()),
-                               owners={}, tenants={w.wid: "acme"})
+    await rec.reconcile_once()  # the reconciler that marked it down sees it answer again
+    [m] = (await w.plan()).migrations
+    assert (m.reason, {a.cluster for a in m.target.assignments}) == ("recovered", {"old"})
     act = w.actuator()
     await act.act_once()
     w.clock.advance(STARTUP_S)
@@ -239,3 +253,46 @@ async def test_failover_remembers_the_cluster_and_moving_back_forgets_it(
     assert await w.ready("new") == 0
     async with store.unit() as uow:
         assert await uow.workloads.displaced([w.wid]) == {}
+
+
+async def test_the_planner_moves_home_once_and_does_not_flap(store: Store) -> None:  # noqa: F811
+    w = World(store)
+    await w.start()
+    w.drivers["old"].set_down(True)
+    rec = Reconciler(store, w.drivers, w.clock, down_after=1)
+    await rec.reconcile_once()
+    plan = await w.plan()  # re-placed on "new" while "old" is down
+    assert {a.cluster for p in plan.placements for a in p.assignments} == {"new"}
+    await Dispatcher(store, w.drivers, w.clock).dispatch_once()
+    w.clock.advance(STARTUP_S)
+    w.drivers["old"].set_down(False)
+    await rec.reconcile_once()  # "old" answers again: healthy
+    [home] = (await w.plan()).migrations
+    assert home.reason == "recovered"
+    act = w.actuator()
+    await act.act_once()
+    w.clock.advance(STARTUP_S)
+    await act.act_once()
+    await act.act_once()
+    assert await w.active_clusters() == {"old"}
+    # Home again: "new" is dearer, nothing moves back, epoch after epoch.
+    for _ in range(3):
+        w.clock.advance(10)
+        assert (await w.plan()).migrations == ()
+    assert await w.events() == ["migration.started", "migration.switched", "migration.done"]
+
+
+async def test_a_marginally_better_option_does_not_migrate_a_clearly_better_one_does(
+        store: Store) -> None:  # noqa: F811
+    w = World(store)
+    await w.start()
+    await w.set_price("new", 0.095)  # 5 % cheaper than "old": under the hysteresis
+    assert (await w.plan()).migrations == ()
+    await w.set_price("new", 0.05)  # half the price: worth a move
+    [m] = (await w.plan()).migrations
+    assert (m.reason, {a.cluster for a in m.target.assignments}) == ("better", {"new"})
+    assert m.saving_usd_per_hour > 0
+    async with store.unit() as uow:
+        [rec] = await uow.decisions.list_open(kinds=("migration",))
+    assert rec.spec["reason"] == "better"
+

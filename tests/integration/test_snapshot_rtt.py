@@ -7,7 +7,8 @@ Real Mosquitto, the real edge hub persisting through the real store (PostgreSQL)
   rules out at the site is placed there;
 - a heartbeat (the agent protocol over MQTT) reporting an RTT above a service's SLO for an
   unnamed `host:port` probe, which the user region lists as its probe point, keeps the next
-  placement off that site.
+  placement off that site, and moves a service already running there (planner.Migration,
+  reason slo, carried out by the actuator).
 """
 
 from __future__ import annotations
@@ -33,13 +34,19 @@ from broker.domain import (
     Site,
     WorkloadKind,
     WorkloadSpec,
+    WorkloadStatus,
 )
+from broker.federation.actuator import Actuator
+from broker.federation.dispatcher import Dispatcher
 from broker.federation.edge_hub import EdgeHub, StoreRecorder
 from broker.federation.placement_loop import PlacementLoop, decide_and_plan, fixed_action
+from broker.federation.reconciler import Reconciler
 from broker.federation.snapshot import SnapshotReader
+from broker.placement.snapshot import SITE_POOL
 from broker.settings import EdgeSettings, MqttSettings, PlacementSettings, SnapshotSettings
 from broker.store import Store, migrate
 from edge_agent.protocol import Heartbeat, Status, Topics, encode
+from providers.simulated import SimPool, SimulatedClusterDriver
 
 pytestmark = pytest.mark.integration
 TOKYO = (35.68, 139.69)
@@ -195,3 +202,57 @@ async def test_a_measured_rtt_over_the_slo_keeps_work_off_the_site(
     assert snap.rtt_ms[("users", "e-b")] == 80.0
     plan = await tick(store)
     assert placed_on(plan, first) == {"cloud"}
+
+
+async def test_a_running_service_whose_measured_rtt_breaks_its_slo_is_moved(
+        store: Store, hub: EdgeHub, prefix: str, mqtt_addr: tuple[str, int]) -> None:
+    """Issue 10, done-means: an agent-measured RTT over the SLO (real MQTT) moves a RUNNING
+    service at the next epoch: the planner decides a Migration (reason slo) and the actuator
+    carries it out (simulated member clusters; the store is PostgreSQL)."""
+    await seed(store, site="e-b", site_at=(35.69, 139.70))
+    wid = await submit(store, slo_ms=50.0)
+    assert placed_on(await tick(store), wid) == {"e-b"}  # estimated ~9 ms, cheapest
+    clock = SystemClock()
+    drivers = {
+        "e-b": SimulatedClusterDriver("e-b", [SimPool(name=SITE_POOL, nodes=1, cpu_per_node=8,
+                                                      memory_gib_per_node=32)],
+                                      clock=clock.now, startup_s=0.0),
+        "cloud": SimulatedClusterDriver("cloud", [SimPool(name="m5", nodes=4, cpu_per_node=2,
+                                                          memory_gib_per_node=8)],
+                                        clock=clock.now, startup_s=0.0)}
+    await Dispatcher(store, drivers, clock).dispatch_once()
+    await Reconciler(store, drivers, clock).reconcile_once()
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.RUNNING
+    assert (await tick(store)).migrations == ()  # within its SLO: it stays
+    topics = Topics(prefix)
+    async with aiomqtt.Client(*mqtt_addr, identifier=f"agent-e-b-{uuid.uuid4().hex[:6]}") as c:
+        await c.publish(topics.status("e-b"), encode(Status(site="e-b", state="online")),
+                        qos=1, retain=True)
+
+        async def beat() -> None:
+            for seq in range(300):
+                await c.publish(topics.heartbeat("e-b"), encode(Heartbeat(
+                    site="e-b", seq=seq, peer_rtt_ms={PROBE: 80.0})), qos=0)
+                await asyncio.sleep(0.05)
+
+        beats = asyncio.create_task(beat())
+        try:
+            assert await measured(store, "e-b", PROBE) == 80.0
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+    plan = await tick(store)
+    [m] = plan.migrations
+    assert (m.workload_id, m.reason) == (wid, "slo")
+    assert {a.cluster for a in m.target.assignments} == {"cloud"}
+    act = Actuator(store, drivers, clock)
+    for _ in range(3):  # start, switch (replicas ready at once), drain
+        await act.act_once()
+    async with store.unit() as uow:
+        rec = await uow.placements.get_active_for_workload(wid)
+    assert rec is not None
+    assert {a.cluster for a in rec.placement.assignments} == {"cloud"}
+    assert (await drivers["cloud"].status(workload_id=wid)).ready_replicas == 1
+    assert await drivers["e-b"].list_status() == []  # drained from the site
