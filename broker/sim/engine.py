@@ -71,6 +71,10 @@ class SimConfig:
     housekeeping_s: float = 300.0
     sample_s: float = 300.0
     check_invariants: bool = False
+    # None: the placement loop ticks on the scenario's `epoch_s` grid. A number: as live, a
+    # submission wakes the loop, which solves after this batching window
+    # (`placement.batch_window_s`); more solves, so the benches keep the grid.
+    batch_window_s: float | None = None
     # EWMA time constant of the per-pool demand rate used by the prewarm forecast.
     demand_tau_s: float = 900.0
     # The twin's random parts (arrival jitter, duration noise) of run `scenario.seed`.
@@ -180,6 +184,9 @@ class Engine:
                 if t_arr <= t_heap:
                     self._arrive(events[self._arrival_i])
                     self._arrival_i += 1
+                    window = self.config.batch_window_s
+                    if window is not None:  # a submission wakes the loop (PlacementLoop.wake)
+                        t_epoch = min(t_epoch, self.now + window)
                 else:
                     _, _, kind, payload = heapq.heappop(self._heap)
                     self._dispatch(kind, payload)

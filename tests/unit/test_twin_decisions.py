@@ -19,6 +19,7 @@ from broker.placement.planner import (
     PoolScaleIn,
     Prewarm,
 )
+from broker.sim import physics
 from broker.sim.engine import Engine, PlannerFn, SimConfig, default_planner
 from broker.sim.realize import TwinNoise
 from tests.unit.test_twin_engine import doc, scenario
@@ -113,3 +114,17 @@ def test_a_retry_decision_is_what_holds_work_back() -> None:
     times = [t for t, _ in seen]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert gaps[:3] == [30.0, 60.0, 120.0]
+
+
+def test_with_a_batching_window_a_submission_wakes_the_loop_as_live() -> None:
+    trace = "a,7,batch,1,1,1,0,60,,,0,,0\n"
+    placed: dict[str, float] = {}
+    for window in (None, 0.5):
+        eng = Engine(scenario(doc(horizon_s=200.0), trace), FakeCatalog(),
+                     SimConfig(policy="lp", noise=TwinNoise.off(), batch_window_s=window),
+                     planner=REAL)
+        eng.run()
+        placed[str(window)] = eng.workloads["a"].started_s or -1.0
+    # The grid (epoch 30 s) places it at 30 s; woken, at 7 + 0.5 s; then the pod starts.
+    assert placed["None"] == 30.0 + physics.POD_START_S
+    assert placed["0.5"] == 7.5 + physics.POD_START_S
