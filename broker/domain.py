@@ -220,6 +220,10 @@ class NodeState:
     # Ids of the workloads with replicas on this node (empty when the driver does not say):
     # the planner moves them off a leaving node (placement/migrate.py, reason node-loss).
     workloads: tuple[str, ...] = ()
+    # Since when the node's utilisation (GPUs on GPU nodes, else max of CPU and memory
+    # requested / allocatable) is below Cluster Autoscaler's 0.5 scale-down threshold; None
+    # above it or unknown (placement/consolidate.py's `traditional` rule; the twin keeps it).
+    underused_since_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

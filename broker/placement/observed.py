@@ -72,6 +72,7 @@ class ObservedNode:
     idle_since_s: float | None = None  # first seen without replicas (the poller keeps it)
     prewarmed: bool = False
     workloads: tuple[str, ...] = ()  # ids of the workloads with replicas here
+    underused_since_s: float | None = None  # below CA's 0.5 utilisation since (twin only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,8 @@ def node_state(pool: Pool, node: ObservedNode) -> NodeState:
         booting=not node.ready and not node.ever_ready,
         leaving=leaving(node) if node.taints or node.unschedulable or not node.ready
         else NodeLeaving.NO,
-        idle_since_s=node.idle_since_s, prewarmed=node.prewarmed, workloads=node.workloads)
+        idle_since_s=node.idle_since_s, prewarmed=node.prewarmed, workloads=node.workloads,
+        underused_since_s=node.underused_since_s)
 
 
 def reclaim_rate_per_hour(reclaims: int, since_s: float, now_s: float) -> float:

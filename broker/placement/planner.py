@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from broker.domain import FederationSnapshot, Placement, PolicyAction, Workload
-from broker.placement import decisions, explain, lp, migrate, pricing, rounding
+from broker.placement import consolidate, decisions, explain, lp, migrate, pricing, rounding
 from broker.placement.baselines import greedy, karpenter, traditional
 from broker.placement.candidates import SUNK_SITE_COST_FRACTION, CandidateSet, build_candidates
 from broker.placement.decisions import DecisionConfig
@@ -177,7 +177,9 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     Retries for the unplaced; images and data for placements that wait; node prewarm ahead
     of forecast demand (PREWARM_POLICIES: traditional and karpenter copy systems without it);
     migrations (all four rules for "lp", node-loss for every policy); then scale-in of idle
-    nodes in pools nothing grows or lands on this epoch.
+    nodes in pools nothing grows or lands on this epoch (at once for "karpenter",
+    consolidateAfter 0 s), and the baselines' drains of under-used nodes (consolidate.py:
+    Karpenter's WhenEmptyOrUnderutilized, Cluster Autoscaler's 0.5 threshold).
     """
     cfg = config.decisions
     specs: dict[str, Workload] = {w.id: w for w in snapshot.pending}
@@ -192,10 +194,13 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     growing = set(placed) | {(s.cluster, s.pool) for s in plan.scale if s.add_nodes > 0} | \
         {(p.cluster, p.pool) for p in prewarm if p.nodes > 0} | \
         {(a.cluster, a.pool) for m in moves for a in m.target.assignments}
+    # Karpenter's consolidateAfter: 0s removes empty nodes at once; the others wait CA's 10 min.
+    idle_cfg = dataclasses.replace(cfg, scale_in_idle_s=0.0) if policy == "karpenter" else cfg
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves,
-        scale_in=decisions.scale_in(snapshot, cfg, placed, growing))
+        scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing)
+        + consolidate.consolidations(snapshot, policy, growing))
 
 
 def plan_candidates(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,

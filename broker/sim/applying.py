@@ -4,7 +4,10 @@ The engine calls `apply_plan` with the plan `plan_epoch` returned; every decisio
 out as the live actuator and dispatcher would, and the simulated physics says when it takes
 effect:
 
-- scale-in (`PoolScaleIn`): the named nodes go at once, if they are still empty;
+- scale-in (`PoolScaleIn`): the named nodes go at once, if they are still empty; with
+  reason "consolidate" (the baselines' autoscalers, placement/consolidate.py) a ready node's
+  replicas are drained first (evicted back to pending, a gang job restarting whole) and the
+  next epoch places them again;
 - scale and node prewarm (`PoolScale`, `Prewarm.nodes`): nodes join after `provision_delay_s`
   (plus Cluster Autoscaler's scan interval for `traditional`, Karpenter's batch window for
   `karpenter`), within the cluster's vCPU quota (the cloud refuses more); prewarmed nodes have
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from broker.domain import Placement
 from broker.placement.planner import EpochPlan, Migration, PoolScaleIn, Prewarm
-from broker.sim import physics
+from broker.sim import faults, physics
 from broker.sim.network import data_move
 from broker.sim.state import Group, Node, SimCluster, SimPool, WorkloadState
 
@@ -79,7 +82,11 @@ def scale_in(eng: Engine, si: PoolScaleIn) -> None:
     named = {node_name(c, p, i): n for i, n in enumerate(p.node_list)}
     gone = [named[n] for n in si.nodes if n in named]
     removed = 0
+    drain = si.reason == "consolidate"
     for n in gone:
+        if n.ready_at <= eng.now and drain and not n.empty(p.node.gpu):
+            faults.evict_node(eng, c, p, n)
+            eng.metrics.consolidated_nodes += 1
         if n.ready_at <= eng.now and n.empty(p.node.gpu):
             p.node_list.remove(n)
             removed += 1

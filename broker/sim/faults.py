@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from broker.sim import hazard
 from broker.sim.scenario import FaultSpec
-from broker.sim.state import SimCluster
+from broker.sim.state import Node, SimCluster, SimPool
 
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
@@ -59,15 +59,22 @@ def reclaim(eng: Engine, c: SimCluster, f: FaultSpec) -> None:
         for _ in range(min(f.nodes, p.nodes)):
             victim = p.node_list[eng.rng.randrange(p.nodes)]
             p.reclaims += 1
-            if victim.replicas or victim.gpu_free < p.node.gpu:
-                for ws in list(eng.workloads.values()):
-                    hit = [g for g in ws.groups if g.cluster == c.name and g.pool == p.name
-                           and (any(n is victim for n in g.nodes)
-                                or any(victim in grp for grp in g.gpu_nodes))]
-                    if hit:
-                        eng.evict(ws, hit, lost=victim)
+            evict_node(eng, c, p, victim)
             p.node_list.remove(victim)
         eng.metrics.pools_changed()
+
+
+def evict_node(eng: Engine, c: SimCluster, p: SimPool, node: Node) -> None:
+    """The replicas on `node` go back to pending (a gang job restarts whole), as when the
+    node is reclaimed or drained (`kubectl drain`: evicted pods are scheduled again)."""
+    if not node.replicas and node.gpu_free >= p.node.gpu:
+        return
+    for ws in list(eng.workloads.values()):
+        hit = [g for g in ws.groups if g.cluster == c.name and g.pool == p.name
+               and (any(n is node for n in g.nodes)
+                    or any(node in grp for grp in g.gpu_nodes))]
+        if hit:
+            eng.evict(ws, hit, lost=node)
 
 
 def spot_hazard(eng: Engine, dt: float) -> None:

@@ -105,7 +105,8 @@ def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode,
             name=prefix + str(i), pool=p.name, allocatable=p.node,
             allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
             instance_type=itype, ready=up, ever_ready=up,
-            idle_since_s=n.idle_since, prewarmed=n.prewarmed))
+            idle_since_s=n.idle_since, prewarmed=n.prewarmed,
+            underused_since_s=n.underused_since))
     return tuple(out)
 
 

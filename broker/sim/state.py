@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from broker.domain import Resources
+from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
 from broker.placement.observed import decayed
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
 
@@ -37,6 +38,8 @@ class Node:
     used_cpu: float = 0.0
     used_mem: float = 0.0
     replicas: int = 0  # replicas placed here (GPU-only shares of a spread replica excluded)
+    # Below Cluster Autoscaler's utilisation threshold since (None: at or above it).
+    underused_since: float | None = None
 
     def empty(self, gpus: int) -> bool:
         return self.replicas == 0 and self.gpu_free >= gpus
@@ -159,12 +162,22 @@ class SimPool:
                 break
         return out
 
+    def utilization(self, n: Node) -> float:
+        """placement/consolidate.py's node utilisation (GPUs on GPU nodes, else CPU/memory)."""
+        node = self.node
+        if node.gpu > 0:
+            return (node.gpu - n.gpu_free) / node.gpu
+        return max(n.used_cpu / node.cpu if node.cpu > 0 else 0.0,
+                   n.used_mem / node.memory_gib if node.memory_gib > 0 else 0.0)
+
     def occupy(self, n: Node, cpu: float, mem: float, gpus: int) -> None:
         n.used_cpu += cpu
         n.used_mem += mem
         n.gpu_free -= gpus
         n.replicas += 1
         n.idle_since = None
+        if self.utilization(n) >= CA_UTILIZATION_THRESHOLD:
+            n.underused_since = None
         self.used_cpu += cpu
         self.used_mem += mem
 
@@ -179,6 +192,8 @@ class SimPool:
         n.replicas = max(0, n.replicas - 1)
         if n.empty(self.node.gpu) and n.ready_at <= now:
             n.idle_since = now
+        if n.underused_since is None and self.utilization(n) < CA_UTILIZATION_THRESHOLD:
+            n.underused_since = max(now, n.ready_at)
 
     def take_spread(self, gpus: int) -> list[Node] | None:
         """Take `gpus` GPUs across nodes (most free first); None if the pool lacks them."""
@@ -202,7 +217,8 @@ class SimPool:
             zone = per_zone.index(min(per_zone))
             keys = [n.ready_at for n in self.node_list]
             self.node_list.insert(bisect.bisect_right(keys, ready_at),
-                                  Node(ready_at, self.node.gpu, prewarmed, zone=zone))
+                                  Node(ready_at, self.node.gpu, prewarmed, zone=zone,
+                                       underused_since=ready_at))
         return count
 
     def check(self) -> None:
@@ -250,7 +266,8 @@ class SimCluster:
 def make_cluster(spec: ClusterSpec) -> SimCluster:
     zones = max(1, len(spec.zones))
     pools = [SimPool(spec=p, cluster=spec.name, zones=zones,
-                     node_list=[Node(0.0, p.node.gpu, zone=i % zones) for i in range(p.nodes)])
+                     node_list=[Node(0.0, p.node.gpu, zone=i % zones, underused_since=0.0)
+                                for i in range(p.nodes)])
              for p in spec.pools]
     return SimCluster(spec=spec, pools=pools, quota_vcpu=spec.quota_vcpu)
 

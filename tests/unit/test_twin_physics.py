@@ -148,3 +148,19 @@ def test_spot_reclaims_arrive_as_a_hazard_not_only_as_scripted_faults() -> None:
     k = hazard.draw_reclaims(10_000, "gcp", 86400.0, random.Random(1))
     assert 900 < k < 1100
     assert hazard.draw_reclaims(10, "edge", 86400.0, random.Random(1)) == 0
+
+
+def test_karpenter_and_cluster_autoscaler_drain_under_used_nodes_lp_does_not() -> None:
+    # Issue 11: traditional/karpenter copy CA's and Karpenter's scale-down, not only the
+    # removal of empty nodes. Two nodes end up a quarter used each (b on one, d on the
+    # other): Karpenter drains one at once, CA after 10 min below half use; lp keeps both.
+    trace = ("a,0,batch,1,1,1,0,600,,,0,,0\nb,0,batch,1,1,1,0,5000,,,0,,0\n"
+             "c,0,batch,1,3,1,0,600,,,0,,0\nd,0,batch,1,1,1,0,5000,,,0,,0\n")
+    scn = scenario(doc(nodes=0, max_nodes=4, horizon_s=2400.0), trace)
+    nodes = {}
+    for policy in ("karpenter", "traditional", "lp"):
+        _, eng = run(scn, policy)
+        nodes[policy] = (eng.clusters["c1"].pools[0].nodes, eng.metrics.consolidated_nodes)
+    assert nodes["karpenter"] == (1, 1)
+    assert nodes["traditional"] == (1, 1)
+    assert nodes["lp"] == (2, 0)

@@ -1,0 +1,132 @@
+"""Scale-down of nodes that still run work, as the baselines' autoscalers do it. Pure.
+
+Why: a policy that copies Cluster Autoscaler or Karpenter must also copy how they give nodes
+back, or the comparison credits them with nodes they would have removed (or charges them for
+nodes they would have kept). Pools are made of nodes, so a node with replicas can only go
+when its replicas are drained and fit elsewhere; this module decides which nodes; the shells
+drain them (their replicas are evicted and placed again, as `kubectl drain` does) and remove
+them.
+
+- `karpenter` (Karpenter v1 defaults, `consolidationPolicy: WhenEmptyOrUnderutilized`,
+  `consolidateAfter: 0s`, disruption budget `nodes: 10%`): a ready cloud node whose requests
+  fit in the free room of the pool's other ready nodes is deleted at once (single-node
+  consolidation by deletion; Karpenter's replace-with-a-cheaper-node path is not modelled).
+  Candidates least utilised first; at most ceil(10 % of the pool's nodes) per epoch
+  (Karpenter scales percentage budgets rounding up); receivers are not candidates.
+- `traditional` (Cluster Autoscaler defaults, `--scale-down-utilization-threshold=0.5`,
+  `--scale-down-unneeded-time=10m`): a ready cloud node whose utilisation (the larger of
+  requested / allocatable CPU and memory; GPUs for GPU nodes) has been below 0.5 for 10 min
+  (`NodeState.underused_since_s`) and whose requests fit on the pool's other nodes is
+  removed; one non-empty node per cluster per epoch (`--max-drain-parallelism` default 1).
+
+"Fit" is checked on the aggregate free room of the receivers (CPU, memory, GPUs) and the
+largest free GPU set of one receiver for the node's GPUs: the node's own per-pod layout is
+not in the snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.domain import Cluster, FederationSnapshot, NodeLeaving, NodeState, Pool, PricingModel
+from broker.placement.kinds import PoolScaleIn
+
+Pair = tuple[str, str]
+CA_UTILIZATION_THRESHOLD = 0.5
+CA_UNNEEDED_S = 600.0
+CA_MAX_DRAIN = 1
+KARPENTER_BUDGET_FRACTION = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    cpu: float
+    mem: float
+    gpu: int
+    largest_gpu: int
+
+
+def utilization(n: NodeState, p: Pool) -> float:
+    """Cluster Autoscaler's node utilisation: GPUs on GPU nodes, else max(CPU, memory)."""
+    if p.node.gpu > 0:
+        return (p.node.gpu - n.gpu_free) / p.node.gpu
+    cpu = n.cpu_allocated / p.node.cpu if p.node.cpu > 0 else 0.0
+    mem = n.memory_allocated_gib / p.node.memory_gib if p.node.memory_gib > 0 else 0.0
+    return max(cpu, mem)
+
+
+def _busy(n: NodeState, p: Pool) -> bool:
+    return n.cpu_allocated > 1e-9 or n.memory_allocated_gib > 1e-9 or n.gpu_free < p.node.gpu
+
+
+def _usable(n: NodeState) -> bool:
+    return not n.booting and n.leaving is NodeLeaving.NO
+
+
+def _room(receivers: Sequence[NodeState], p: Pool) -> _Room:
+    return _Room(sum(p.node.cpu - n.cpu_allocated for n in receivers),
+                 sum(p.node.memory_gib - n.memory_allocated_gib for n in receivers),
+                 sum(n.gpu_free for n in receivers),
+                 max((n.gpu_free for n in receivers), default=0))
+
+
+def _fits(n: NodeState, p: Pool, room: _Room) -> bool:
+    gpu_used = p.node.gpu - n.gpu_free
+    return (n.cpu_allocated <= room.cpu + 1e-9 and n.memory_allocated_gib <= room.mem + 1e-9
+            and gpu_used <= room.gpu and (gpu_used == 0 or gpu_used <= room.largest_gpu))
+
+
+def _pool_nodes(c: Cluster, p: Pool, now_s: float, *, max_nodes: int,
+                underused_for_s: float | None) -> tuple[str, ...]:
+    """Nodes of one pool to drain and remove (the module docstring's rule)."""
+    usable = [n for n in p.node_states if _usable(n)]
+    cands = [n for n in usable if _busy(n, p)]
+    if underused_for_s is not None:
+        cands = [n for n in cands if utilization(n, p) < CA_UTILIZATION_THRESHOLD
+                 and n.underused_since_s is not None
+                 and now_s - n.underused_since_s >= underused_for_s - 1e-9]
+    cands.sort(key=lambda n: (utilization(n, p), n.name))
+    chosen: list[NodeState] = []
+    receivers = {n.name for n in usable}
+    for n in cands:
+        if len(chosen) >= max_nodes:
+            break
+        others = [r for r in usable if r.name in receivers and r.name != n.name
+                  and r not in chosen]
+        if not others or not _fits(n, p, _room(others, p)):
+            continue
+        chosen.append(n)
+        receivers.discard(n.name)
+    return tuple(n.name for n in chosen)
+
+
+def consolidations(snapshot: FederationSnapshot, policy: str,
+                   skip: frozenset[Pair] | set[Pair] = frozenset(),
+                   budget: Mapping[str, float] | None = None) -> tuple[PoolScaleIn, ...]:
+    """PoolScaleIn(reason="consolidate") of non-empty nodes for `policy` (module docstring);
+    () for policies without such a rule. Pools in `skip` (growing this epoch) are left."""
+    if policy not in ("karpenter", "traditional"):
+        return ()
+    fraction = (budget or {}).get("karpenter", KARPENTER_BUDGET_FRACTION)
+    out = []
+    for c in snapshot.clusters:
+        if c.is_edge or not c.healthy:
+            continue
+        drains = CA_MAX_DRAIN  # Cluster Autoscaler drains one non-empty node per cluster
+        for p in c.pools:
+            if p.pricing is PricingModel.EDGE or (c.name, p.name) in skip or not p.node_states:
+                continue
+            if policy == "karpenter":
+                limit = math.ceil(fraction * len(p.node_states))
+                names = _pool_nodes(c, p, snapshot.now_s, max_nodes=limit, underused_for_s=None)
+            else:
+                if drains <= 0:
+                    break
+                names = _pool_nodes(c, p, snapshot.now_s, max_nodes=drains,
+                                    underused_for_s=CA_UNNEEDED_S)
+                drains -= len(names)
+            if names:
+                out.append(PoolScaleIn(c.name, p.name, names, reason="consolidate"))
+    return tuple(out)
