@@ -158,6 +158,7 @@ class Dispatcher(PollingLoop):
                     wait=wait_exponential(multiplier=self._backoff_s, max=5.0),
                     retry=retry_if_exception(_retryable), reraise=True):
                 with attempt:
+                    self._store.check_leader()  # a deposed leader stops applying at once
                     await driver.apply(spec=spec)
             self.applied += 1
 
@@ -180,6 +181,7 @@ class Dispatcher(PollingLoop):
                 for cluster in sorted({a.cluster for a in rec.placement.assignments}):
                     driver = self._drivers.get(cluster)
                     if driver is not None:
+                        self._store.check_leader()
                         await driver.delete(workload_id=rec.placement.workload_id)
             except ProviderError as exc:
                 log.warning("withdraw of %s failed: %s", rec.id, exc)

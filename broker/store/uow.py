@@ -77,6 +77,15 @@ class Store:
         self.fence = fence
         self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=True)
 
+    def check_leader(self) -> None:
+        """Raise `FencedError` if this store is fenced and its replica no longer leads.
+
+        A local check, for side effects outside the database (a driver's apply or delete)
+        that a unit of work's commit-time check cannot cover.
+        """
+        if self.fence is not None:
+            self.fence.current()
+
     def fenced(self, fence: Fence) -> Store:
         """The same database for the singleton loops: units fenced by `fence`.
 

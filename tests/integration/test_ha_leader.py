@@ -27,10 +27,13 @@ from broker.domain import (
     WorkloadSpec,
 )
 from broker.errors import ConfigError, FencedError
+from broker.federation.dispatcher import Dispatcher
 from broker.federation.leader import LeaderElector, WakeNotifier
 from broker.store import Store, migrate
 from broker.store.leadership import Fence, PgLease, SqliteLock
 from broker.store.models import DecisionRow, PlacementRow
+from providers.base import ApplySpec
+from providers.simulated import SimPool, SimulatedClusterDriver
 
 pytestmark = pytest.mark.integration
 
@@ -300,3 +303,39 @@ async def test_an_api_only_replica_never_campaigns(url: str, tmp_path: Path) -> 
         await rt.store.close()
     assert [type(lp) for lp in api_only] == [WakeNotifier]
     assert [type(lp) for lp in full] == [LeaderElector, WakeNotifier]
+
+
+class _DeposingDriver:
+    """A cluster whose first apply learns that its broker was deposed (the fence clears)."""
+
+    def __init__(self, inner: SimulatedClusterDriver, fence: Fence) -> None:
+        self.inner, self.fence, self.applied = inner, fence, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def apply(self, *, spec: ApplySpec) -> None:
+        self.applied += 1
+        await self.inner.apply(spec=spec)
+        self.fence.epoch = None  # deposed in the middle of the batch
+
+
+async def test_a_deposed_leader_stops_applying_to_clusters_mid_batch(
+        url: str, store: Store) -> None:
+    wids = await _submit(store, 3)
+    lease, fence = PgLease(url, holder="a"), Fence()
+    try:
+        await lease.connect()
+        fence.epoch = await lease.try_acquire(1.0)
+        fenced = store.fenced(fence)
+        async with fenced.unit() as uow:
+            for wid in wids:
+                await uow.placements.record(_placement(wid))
+        driver = _DeposingDriver(SimulatedClusterDriver(
+            "c", [SimPool(name="p", nodes=2, cpu_per_node=8, memory_gib_per_node=32)]), fence)
+        disp = Dispatcher(fenced, {"c": driver}, SystemClock(), concurrency=1)  # type: ignore[dict-item]
+        with pytest.raises(FencedError):
+            await disp.dispatch_once()
+    finally:
+        await lease.close()
+    assert driver.applied == 1  # the other two placements were never applied
