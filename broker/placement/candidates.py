@@ -232,11 +232,17 @@ def build_options(snapshot: FederationSnapshot) -> tuple[Option, ...]:
     return tuple(out)
 
 
-def _running_names_by_cluster(snapshot: FederationSnapshot) -> dict[str, set[str]]:
-    by_cluster: dict[str, set[str]] = {}
+def _running_names_by_cluster(snapshot: FederationSnapshot
+                              ) -> dict[str, set[tuple[str, str]]]:
+    """Cluster -> (tenant, name) of the workloads running there."""
+    by_cluster: dict[str, set[tuple[str, str]]] = {}
     for placement in snapshot.running:
+        w = snapshot.workloads.get(placement.workload_id)
+        if w is None:
+            continue
+        who = (w.tenant, w.spec.name)
         for a in placement.assignments:
-            by_cluster.setdefault(a.cluster, set()).add(placement.workload_id)
+            by_cluster.setdefault(a.cluster, set()).add(who)
     return by_cluster
 
 
@@ -390,7 +396,8 @@ def _avoid_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
     if not running:
         return mask
     for i, w in enumerate(wls):
-        avoid = set(w.spec.avoid_workloads)
+        # Names of the tenant's own workloads: another tenant's never match (nor show).
+        avoid = {(w.tenant, name) for name in w.spec.avoid_workloads}
         if not avoid:
             continue
         for j, o in enumerate(options):
