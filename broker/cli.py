@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import typer
 
-from broker.commands import bench, catalog, core, demo, placement, providers, tenancy, twin
+from broker.commands import (
+    bench,
+    catalog,
+    core,
+    demo,
+    lifecycle,
+    placement,
+    providers,
+    tenancy,
+    twin,
+)
 
 app = typer.Typer(
     name="skyfed",
@@ -21,6 +31,7 @@ app = typer.Typer(
 
 core.register(app)  # serve, db, submit, get, describe, cancel
 tenancy.register(app)  # token create/list/revoke, budget set/get
+lifecycle.register(app)  # apply
 placement.register(app)  # explain, whatif
 twin.register(app)  # sim, train, policy
 demo.register(app)  # demo

@@ -42,6 +42,8 @@ class ApiSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    # How often a watch (`GET /v1/workloads?watch=true`) reads the event log for changes.
+    watch_poll_s: float = Field(default=0.5, gt=0, le=60)
     # Printed once on first start when no admin token exists yet. Never logged.
     admin_token: SecretStr | None = None
 

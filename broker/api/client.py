@@ -6,6 +6,7 @@ unreachable server, 401, 404, or a validation error naming the field.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -49,6 +50,28 @@ class BrokerClient:
         key = idempotency_key or uuid.uuid4().hex
         return self.request("POST", "/v1/workloads", json=dict(doc),
                             headers={"Idempotency-Key": key})
+
+    def apply(self, name: str, doc: Mapping[str, Any]) -> Any:
+        """Create or change the workload `name` (PUT: upsert by name)."""
+        return self.request("PUT", f"/v1/workloads/{name}", json=dict(doc))
+
+    def watch(self, resource: str, *, timeout_s: int = 3600) -> Iterator[tuple[str, Any]]:
+        """(event, item) of `/v1/<resource>?watch=true` until the server ends the stream."""
+        params: dict[str, str | int] = {"watch": "true", "timeoutSeconds": timeout_s}
+        try:
+            with self._http.stream("GET", f"/v1/{resource}", params=params,
+                                   timeout=httpx.Timeout(10.0, read=None)) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise ClientError(_problem_line(r), status=r.status_code)
+                event = ""
+                for line in r.iter_lines():
+                    if line.startswith("event: "):
+                        event = line[len("event: "):]
+                    elif line.startswith("data: "):
+                        yield event, json.loads(line[len("data: "):])
+        except httpx.TransportError as e:
+            raise ClientError(f"lost the watch on {self.server} ({e})") from e
 
     def list(self, resource: str, *, limit: int = 1000) -> Iterator[Any]:
         """Every item of `/v1/<resource>`, following cursors, at most `limit`."""

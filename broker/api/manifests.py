@@ -47,6 +47,7 @@ from broker.api.schemas import NAME_RE, WorkloadIn, parse_cpu, parse_memory_gib
 from broker.domain import NativeObjects, Resources, WorkloadSpec
 from broker.errors import SpecError
 from broker.limits import check_json
+from broker.store.workloads import is_workload_id
 
 Loc = tuple[str | int, ...]
 WORKLOAD_KINDS = {("apps/v1", "Deployment"): "service", ("apps/v1", "StatefulSet"): "service",
@@ -91,9 +92,9 @@ def _name(doc: Mapping[str, Any], loc: Loc) -> str:
     import re
 
     name = _map(doc.get("metadata"), (*loc, "metadata")).get("name")
-    if not isinstance(name, str) or not re.match(NAME_RE, name):
-        raise SpecError("metadata.name is required: a DNS-1123 name", loc=(*loc, "metadata",
-                                                                          "name"))
+    if not isinstance(name, str) or not re.match(NAME_RE, name) or is_workload_id(name):
+        raise SpecError("metadata.name is required: a DNS-1123 name, not like an id "
+                        "('w-' and 16 hex digits)", loc=(*loc, "metadata", "name"))
     return name
 
 

@@ -78,6 +78,15 @@ def answers(*statuses: int, ok: dict[str, Any] | None = None) -> dict[int | str,
     return out
 
 
+def merge_answers(base: dict[int | str, Any], extra: dict[int | str, Any]
+                  ) -> dict[int | str, Any]:
+    """`base` with more media types (`{200: {"content": {...}}}`) for some statuses."""
+    out = {k: dict(v) for k, v in base.items()}
+    for status, more in extra.items():
+        out[status]["content"] = {**out[status].get("content", {}), **more.get("content", {})}
+    return out
+
+
 def install(app: FastAPI) -> None:
     """Add `Problem`, `Page` and the bearer scheme to the document; `/v1` needs a token."""
     original: Callable[[], dict[str, Any]] = app.openapi

@@ -8,17 +8,18 @@ the Idempotency-Key exists, plus the event) before the 201.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from pydantic import ValidationError
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
-from broker.api import manifests
+from broker.api import lifecycle, manifests
 from broker.api.deps import Auth, RuntimeDep, current_principal, get_runtime, scope_of
-from broker.api.openapi import PAGE_SCHEMA, answers
+from broker.api.openapi import PAGE_SCHEMA, answers, merge_answers
 from broker.api.problems import BodyTooLargeError
 from broker.api.schemas import NAME_RE, ClusterIn, SiteIn, WorkloadIn
 from broker.api.views import (
@@ -32,6 +33,7 @@ from broker.api.views import (
     site_view,
     workload_view,
 )
+from broker.api.watch import stream as watch_stream
 from broker.domain import Offer, WorkloadSpec, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, SpecError
 from broker.federation.runtime import Runtime
@@ -59,6 +61,9 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 # Ids are ours (`w-<hex>`, `p-<hex>`); anything else cannot name a row.
 ID_PATTERN = r"^[A-Za-z0-9._-]+$"
 WorkloadId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
+# A workload's id (`w-` and 16 hex digits) or its name (no name looks like an id).
+WorkloadRef = Annotated[str, Path(min_length=1, max_length=253, pattern=NAME_RE,
+                                  description="The workload's id or its name")]
 PlacementId = Annotated[str, Path(min_length=1, max_length=64, pattern=ID_PATTERN)]
 MemberName = Annotated[str, Path(min_length=1, max_length=128, pattern=NAME_RE)]
 Cursor = Annotated[str | None, Query(max_length=512, pattern=r"^[A-Za-z0-9_=-]*$")]
@@ -183,11 +188,29 @@ async def submit_workload(request: Request) -> Response:
                         headers={"Location": f"/v1/workloads/{rec.workload.id}"})
 
 
-@router.get("/workloads", responses=answers(200, 401, 422, 503, ok=PAGE_SCHEMA),
-            summary="List this tenant's workloads (oldest first)")
-async def list_workloads(rt: RuntimeDep, principal: Auth, limit: Limit = 50,
-                         cursor: Cursor = None,
-                         status: WorkloadStatus | None = None) -> Response:
+_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+@router.get("/workloads", responses=merge_answers(
+    answers(200, 401, 422, 503, ok=PAGE_SCHEMA), {200: {"content": _SSE}}),
+            summary="List this tenant's workloads (oldest first), or watch them (watch=true)")
+async def list_workloads(
+        request: Request, rt: RuntimeDep, principal: Auth, limit: Limit = 50,
+        cursor: Cursor = None, status: WorkloadStatus | None = None,
+        watch: Annotated[bool, Query(description="Stream changes as server-sent events "
+                                                 "(like kubectl get -w)")] = False,
+        timeout_seconds: Annotated[int, Query(alias="timeoutSeconds", ge=0, le=3600,
+                                              description="End a watch after this long "
+                                                          "(0: the listing only)")] = 300,
+        last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0,
+                                                    le=2**53)] = None,
+) -> Response:
+    if watch:
+        return StreamingResponse(watch_stream(
+            rt.store, tenant=scope_of(principal), timeout_s=float(timeout_seconds),
+            poll_s=rt.settings.api.watch_poll_s, resume_after=last_event_id,
+            gone=request.is_disconnected), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"})
     async with rt.store.unit() as uow:
         page = await uow.workloads.list(tenant=scope_of(principal), status=status,
                                         limit=limit, cursor=cursor)
@@ -195,20 +218,72 @@ async def list_workloads(rt: RuntimeDep, principal: Auth, limit: Limit = 50,
                          "nextCursor": page.next_cursor})
 
 
-@router.get("/workloads/{workload_id}", responses=answers(200, 401, 404, 422, 503),
-            summary="One workload with its status")
-async def get_workload(rt: RuntimeDep, principal: Auth, workload_id: WorkloadId) -> Response:
+@router.get("/workloads/{ref}", responses=answers(200, 401, 404, 422, 503),
+            summary="One workload (by id or name) with its status")
+async def get_workload(rt: RuntimeDep, principal: Auth, ref: WorkloadRef) -> Response:
     async with rt.store.unit() as uow:
-        rec = await uow.workloads.get(workload_id, tenant=scope_of(principal))
+        rec = await uow.workloads.resolve(ref, tenant=scope_of(principal))
     return JsonResponse(workload_view(rec))
 
 
-@router.delete("/workloads/{workload_id}", responses=answers(200, 401, 404, 422, 503),
+@router.put("/workloads/{ref}", status_code=200,
+            openapi_extra={"requestBody": _BODY},
+            responses=answers(200, 201, 401, 404, 409, 413, 422, 503),
+            summary="Create or change a workload by name (skyfed apply)")
+async def put_workload(request: Request, rt: RuntimeDep, principal: Auth,
+                       ref: WorkloadRef) -> Response:
+    """Upsert: a new name is created (201); a changed spec is rolled out, scaled in place
+    or re-planned (lifecycle.py), 200. `ref` may also be the id of a live workload."""
+    spec = await spec_of(request, rt, principal.tenant)
+    async with rt.store.unit() as uow:
+        rec, created, change = await lifecycle.upsert(uow, tenant=principal.tenant, ref=ref,
+                                                      spec=spec)
+    if change != "unchanged" and rt.placement_loop is not None:
+        rt.placement_loop.wake()
+    if change in ("rollout", "scale-down") and rt.dispatcher is not None:
+        rt.dispatcher.wake()
+    return JsonResponse(workload_view(rec) | {"change": change},
+                        status_code=201 if created else 200,
+                        headers={"Location": f"/v1/workloads/{rec.workload.id}"})
+
+
+_PATCH_BODY = {"content": {"application/merge-patch+json": {"schema": {"type": "object"}},
+                           "application/json": {"schema": {"type": "object"}}},
+               "required": True}
+
+
+@router.patch("/workloads/{ref}", openapi_extra={"requestBody": _PATCH_BODY},
+              responses=answers(200, 401, 404, 409, 413, 422, 503),
+              summary="Change a workload with a JSON merge patch (RFC 7396)")
+async def patch_workload(request: Request, rt: RuntimeDep, principal: Auth,
+                         ref: WorkloadRef) -> Response:
+    docs = await parse_documents(request)
+    if len(docs) != 1:
+        raise SpecError("a merge patch is one JSON object", loc=("body",))
+    async with rt.store.unit() as uow:
+        current = await uow.workloads.resolve(ref, tenant=principal.tenant)
+    old = current.workload.spec
+    doc = lifecycle.patched_document(workload_view(current), docs[0],
+                                     native=old.native is not None)
+    spec = dataclasses.replace(WorkloadIn.model_validate(doc).to_domain(),
+                               native=old.native, cluster_names=old.cluster_names)
+    async with rt.store.unit() as uow:
+        rec, _, change = await lifecycle.upsert(uow, tenant=principal.tenant,
+                                                ref=current.workload.id, spec=spec)
+    if change != "unchanged" and rt.placement_loop is not None:
+        rt.placement_loop.wake()
+    if change in ("rollout", "scale-down") and rt.dispatcher is not None:
+        rt.dispatcher.wake()
+    return JsonResponse(workload_view(rec) | {"change": change})
+
+
+@router.delete("/workloads/{ref}", responses=answers(200, 401, 404, 422, 503),
                summary="Cancel a workload (idempotent)")
 async def cancel_workload(request: Request, rt: RuntimeDep, principal: Auth,
-                          workload_id: WorkloadId) -> Response:
+                          ref: WorkloadRef) -> Response:
     async with rt.store.unit() as uow:
-        rec = await uow.workloads.cancel(workload_id, tenant=scope_of(principal))
+        found = await uow.workloads.resolve(ref, tenant=scope_of(principal))
+        rec = await uow.workloads.cancel(found.workload.id, tenant=scope_of(principal))
     request.app.state.metrics.cancelled.inc()
     return JsonResponse(workload_view(rec))
 

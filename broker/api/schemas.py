@@ -49,6 +49,7 @@ from broker.domain import (
     WorkloadSpec,
 )
 from broker.errors import SpecError
+from broker.store.workloads import is_workload_id
 
 _GIB = 1024.0**3
 _UNITS = {"Ki": 1024.0, "Mi": 1024.0**2, "Gi": _GIB, "Ti": 1024.0**4,
@@ -221,9 +222,17 @@ class WorkloadSpecIn(_Model):
     _gb = field_validator("image_gb")(classmethod(_resolution(9)))
 
 
+def check_not_an_id(name: str) -> str:
+    """A name that looks like an id would make `/v1/workloads/{ref}` ambiguous."""
+    if is_workload_id(name):
+        raise ValueError("a name cannot look like a workload id ('w-' and 16 hex digits)")
+    return name
+
+
 class MetadataIn(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
-    name: str = Field(min_length=1, max_length=253, pattern=NAME_RE)
+    name: Annotated[str, AfterValidator(check_not_an_id)] = Field(
+        min_length=1, max_length=253, pattern=NAME_RE)
     labels: Labels = Field(default_factory=dict)
 
 

@@ -222,12 +222,24 @@ def _member_document(doc: Any) -> tuple[str, dict[str, Any]] | None:
 def get(resource: Annotated[str, typer.Argument(help="workloads | clusters | sites")],
         config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
         output: OutputOpt = "table",
-        limit: Annotated[int, typer.Option(help="At most this many rows.")] = 1000) -> None:
+        limit: Annotated[int, typer.Option(help="At most this many rows.")] = 1000,
+        watch: Annotated[bool, typer.Option("--watch", "-w", help="Then print each change "
+                                            "as it happens (workloads).")] = False,
+        watch_timeout: Annotated[int, typer.Option(help="Stop watching after this many "
+                                                   "seconds.")] = 3600) -> None:
     """List workloads, clusters or sites."""
     resource = {"workload": "workloads", "cluster": "clusters", "site": "sites",
                 "wl": "workloads"}.get(resource, resource)
     if resource not in ("workloads", "clusters", "sites"):
         raise fail(f"unknown resource {resource!r} (use workloads, clusters or sites)")
+    if watch:
+        if resource != "workloads":
+            raise fail("--watch is for workloads")
+        from broker.commands.lifecycle import print_watch
+
+        with _client(config, server, token) as c:
+            _run(lambda: print_watch(c, output, watch_timeout))
+        return
     with _client(config, server, token) as c:
         items = _run(lambda: list(c.list(resource, limit=limit)))
     if output != "table":

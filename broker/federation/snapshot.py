@@ -190,7 +190,8 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
 class RunningCache:
     """The active placements and their workloads, each read from the store once.
 
-    A placement row's assignments and a workload's spec never change once written, so an
+    A placement row's assignments never change once written, and a live workload's spec only
+    changes together with a new placement (api/lifecycle.py), so an
     epoch reads only the ids (with each workload's current status) and fetches what it has
     not seen; what stopped running is forgotten. Saves re-reading thousands of rows (and
     their JSON) every epoch.
@@ -206,7 +207,9 @@ class RunningCache:
         if new_p:
             self._placements.update({r.id: r.placement
                                      for r in await uow.placements.get_plain_many(new_p)})
-        new_w = [wid for _, wid, _ in ids if wid not in self._workloads]
+        # A spec changes only with a new placement (api/lifecycle.py): re-read those.
+        fresh = set(new_p)
+        new_w = [wid for pid, wid, _ in ids if wid not in self._workloads or pid in fresh]
         if new_w:
             self._workloads.update(await uow.workloads.get_many(new_w))
         self._placements = {pid: self._placements[pid] for pid, _, _ in ids

@@ -6,7 +6,7 @@ import builtins
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import insert, or_, select
+from sqlalchemy import func, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from broker.limits import sanitize_json
@@ -35,6 +35,10 @@ class EventRepo:
             await self._s.execute(_INSERT, [
                 {"ts": self._now, "tenant": tenant, "kind": kind, "subject": subject,
                  "data": dict(data)} for kind, subject, data, tenant in events])
+
+    async def last_id(self) -> int:
+        """The newest event's id (0: none yet): where a watch starts."""
+        return int((await self._s.scalar(select(func.max(EventRow.id)))) or 0)
 
     async def list(self, *, tenant: str | None = None, after_id: int = 0, limit: int = 100,
                    kind: str | None = None, subject: str | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -65,6 +66,15 @@ _SET_STATUS = (update(_W).where(_W.c.id == bindparam("wid"))
 
 def new_workload_id() -> str:
     return "w-" + secrets.token_hex(8)
+
+
+WORKLOAD_ID_PATTERN = r"^w-[0-9a-f]{16}$"
+_ID_RE = re.compile(WORKLOAD_ID_PATTERN)
+
+
+def is_workload_id(ref: str) -> bool:
+    """True for an id of ours; no workload name may match (schemas.NAME_RE refuses it)."""
+    return _ID_RE.match(ref) is not None
 
 
 def encode_cursor(submitted_s: float, wid: str) -> str:
@@ -160,6 +170,56 @@ class WorkloadRepo:
 
     async def get(self, workload_id: str, *, tenant: str | None = None) -> WorkloadRecord:
         return _record(await self._row(workload_id, tenant))
+
+    async def resolve(self, ref: str, *, tenant: str | None,
+                      lock: bool = False) -> WorkloadRecord:
+        """A workload by `ref`: its id (`w-` and 16 hex digits, a pattern no name may have)
+        or its name (the tenant's live one, else the newest); NotFoundError if none."""
+        return _record(await self._resolve_row(ref, tenant, lock=lock))
+
+    async def find_by_name(self, name: str, *, tenant: str,
+                           lock: bool = False) -> WorkloadRecord | None:
+        """The tenant's live (not finished) workload called `name`, if any."""
+        row = await self._named(name, tenant, lock=lock)
+        return None if row is None or WorkloadStatus(row.status) in TERMINAL else _record(row)
+
+    async def _resolve_row(self, ref: str, tenant: str | None, *,
+                           lock: bool = False) -> WorkloadRow:
+        if is_workload_id(ref):
+            return await self._row(ref, tenant, lock=lock)
+        row = await self._named(ref, tenant, lock=lock)
+        if row is None:
+            raise NotFoundError(kind="workload", key=ref)
+        return row
+
+    async def _named(self, name: str, tenant: str | None, *,
+                     lock: bool = False) -> WorkloadRow | None:
+        q = select(WorkloadRow).where(WorkloadRow.name == name)
+        if tenant is not None:
+            q = q.where(WorkloadRow.tenant == tenant)
+        finished = case((WorkloadRow.status.in_([str(s) for s in TERMINAL]), 1), else_=0)
+        q = q.order_by(finished, WorkloadRow.submitted_s.desc(), WorkloadRow.id).limit(1)
+        if lock:
+            q = q.with_for_update()
+        return (await self._s.scalars(q)).first()
+
+    async def update_spec(self, workload_id: str, spec: WorkloadSpec, *, message: str,
+                          requeue: bool) -> WorkloadRecord:
+        """Replace a live workload's spec (`skyfed apply`, PUT, PATCH). `requeue`: back to
+        pending for the planner (its active placement retired, what runs keeps running
+        until the new placement replaces it); else the caller records the placement."""
+        row = await self._row(workload_id, None, lock=True)
+        if WorkloadStatus(row.status) in TERMINAL:
+            raise ConflictError(f"workload {workload_id} is {row.status}; submit it again")
+        row.spec = dict(spec_to_json(spec))
+        row.kind, row.priority = str(spec.kind), spec.priority
+        row.updated_s, row.message = self._now, message
+        await self._events.append("workload.updated", workload_id, {"reason": message},
+                                  tenant=row.tenant)
+        if requeue:
+            await self.requeue(workload_id, reason=message)
+            row.attempts, row.last_attempt_s, row.not_before_s = 0, None, None
+        return _record(row)
 
     async def list(self, *, tenant: str | None, status: WorkloadStatus | None = None,
                    limit: int = 50, cursor: str | None = None) -> Page:

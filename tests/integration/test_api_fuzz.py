@@ -108,6 +108,17 @@ class Report:
                 f"(seed {SEED}) statuses {dict(sorted(self.statuses.items()))}")
 
 
+def _bounded_watch(case: Any) -> None:
+    """A watch streams until `timeoutSeconds` (default 300): the fuzz asks for the listing
+    only (0), unless the case is about an invalid timeout (then it is refused at once)."""
+    query = case.query if isinstance(case.query, dict) else None
+    if query is None or str(query.get("watch", "")).lower() not in ("true", "1"):
+        return
+    timeout = query.get("timeoutSeconds")
+    if timeout is None or (isinstance(timeout, int) and 0 <= timeout <= 3600):
+        query["timeoutSeconds"] = 0
+
+
 def _fuzz(operation: Any, mode: schemathesis.GenerationMode, token: str, who: str,
           session: Any, report: Report) -> None:
     headers = {"Authorization": f"Bearer {token}"}
@@ -119,6 +130,7 @@ def _fuzz(operation: Any, mode: schemathesis.GenerationMode, token: str, who: st
     @given(case=operation.as_strategy(generation_mode=mode, headers=headers))
     def one(case: Any) -> None:
         report.cases += 1
+        _bounded_watch(case)
         try:
             response = case.call(session=session)
         except Exception as exc:  # the app raised through the test client: a 500

@@ -1,0 +1,142 @@
+"""Changing a workload that exists: `skyfed apply`, `PUT` (upsert by name) and `PATCH`.
+
+What a changed spec does depends on what changed (`change_of`), so that a placement is only
+re-planned when it must change:
+
+- nothing: nothing is written;
+- only what runs in the pods (image, env, command, labels, the submitted manifests) -> a
+  rollout: the same assignments are recorded as a new placement, which the dispatcher applies
+  (the Kubernetes driver patches the object; its rolling update keeps the ready replicas);
+- fewer replicas -> a scale in place: the same clusters and pools, replicas taken off the
+  last assignments, applied the same way;
+- anything else (more replicas, resources, where it may run) -> re-planned: the workload goes
+  back to the planner with the new spec; what runs keeps running until its new placement
+  replaces it (a placement on the same cluster is applied as a patch, i.e. a scale).
+
+A pending workload just gets the new spec. A finished one is not changed: applying its name
+again submits a new workload. Every path is one unit of work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from broker.domain import Assignment, Placement, WorkloadSpec, WorkloadStatus
+from broker.errors import SpecError
+from broker.store import UnitOfWork, WorkloadRecord
+from broker.store.workloads import TERMINAL, is_workload_id
+
+LIVE = (WorkloadStatus.PLACED, WorkloadStatus.RUNNING)
+# Fields a PATCH may change on a workload submitted as Kubernetes manifests: the pod
+# template is the manifests' (re-apply them to change it).
+NATIVE_PATCHABLE = frozenset({"replicas", "priority", "userRegion", "latencySloMs",
+                              "budgetUsdPerHour", "spotOk", "durationS", "affinity",
+                              "antiAffinity", "avoidWorkloads", "spread"})
+
+
+def change_of(old: WorkloadSpec, new: WorkloadSpec) -> str:
+    """`none`, `rollout`, `scale-down` or `replan` (see the module docstring)."""
+    if old == new:
+        return "none"
+    placed_alike = dataclasses.replace(new, image=old.image, env=old.env, command=old.command,
+                                       labels=old.labels, native=old.native)
+    if placed_alike == old:
+        return "rollout"
+    if dataclasses.replace(placed_alike, replicas=old.replicas) == old \
+            and new.replicas < old.replicas:
+        return "scale-down"
+    return "replan"
+
+
+def shrunk(assignments: tuple[Assignment, ...], replicas: int) -> tuple[Assignment, ...]:
+    """The assignments holding `replicas` in place, taken off the last ones first."""
+    out: list[Assignment] = []
+    left = replicas
+    for a in assignments:
+        if left <= 0:
+            break
+        out.append(dataclasses.replace(a, replicas=min(a.replicas, left)))
+        left -= out[-1].replicas
+    return tuple(out)
+
+
+async def upsert(uow: UnitOfWork, *, tenant: str, ref: str | None,
+                 spec: WorkloadSpec) -> tuple[WorkloadRecord, bool, str]:
+    """Create or change the workload `ref` (an id or a name; None: the spec's name) of
+    `tenant`; returns (record, created, what was done)."""
+    if ref is not None and is_workload_id(ref):
+        existing: WorkloadRecord | None = await uow.workloads.resolve(ref, tenant=tenant,
+                                                                      lock=True)
+        if existing is not None and existing.workload.spec.name != spec.name:
+            raise SpecError(f"metadata.name {spec.name!r} is not the name of {ref}",
+                            loc=("body", "metadata", "name"))
+        if existing is not None and existing.workload.status in TERMINAL:
+            raise SpecError(f"workload {ref} is {existing.workload.status}; submit it again "
+                            "by name", loc=("path", "ref"))
+    else:
+        if ref is not None and ref != spec.name:
+            raise SpecError(f"metadata.name {spec.name!r} is not the name in the path "
+                            f"({ref!r})", loc=("body", "metadata", "name"))
+        existing = await uow.workloads.find_by_name(spec.name, tenant=tenant, lock=True)
+    if existing is None:
+        rec, _ = await uow.workloads.submit(tenant=tenant, spec=spec)
+        return rec, True, "created"
+    w = existing.workload
+    change = change_of(w.spec, spec)
+    if change == "none":
+        return existing, False, "unchanged"
+    active = await uow.placements.get_active_for_workload(w.id) if w.status in LIVE else None
+    if active is None or change == "replan":
+        message = "spec changed: re-planned" if w.status in LIVE else "spec changed"
+        rec = await uow.workloads.update_spec(w.id, spec, message=message, requeue=True)
+        return rec, False, "replanned" if w.status in LIVE else "updated"
+    p = active.placement
+    assignments = p.assignments if change == "rollout" else shrunk(p.assignments,
+                                                                   spec.replicas)
+    message = "rolling out the changed spec" if change == "rollout" else \
+        f"scaled in place to {spec.replicas} replicas"
+    await uow.workloads.update_spec(w.id, spec, message=message, requeue=False)
+    await uow.placements.record(Placement(
+        workload_id=w.id, assignments=assignments,
+        cost_usd_per_hour=p.cost_usd_per_hour * sum(a.replicas for a in assignments)
+        / max(1, sum(a.replicas for a in p.assignments)),
+        rtt_ms=p.rtt_ms, decision=dict(p.decision)), status=w.status, message=message)
+    return await uow.workloads.get(w.id), False, change
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396 JSON merge patch: objects merge, `null` removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def patched_document(view: dict[str, Any], patch: Any, *, native: bool) -> dict[str, Any]:
+    """The skyfed `Workload` document of a workload (`views.workload_view`) with `patch`
+    merged in, ready for validation; SpecError for what a patch may not change."""
+    if not isinstance(patch, dict):
+        raise SpecError("a merge patch is a JSON object", loc=("body",))
+    meta = patch.get("metadata")
+    if isinstance(meta, dict) and "name" in meta and meta["name"] != view["metadata"]["name"]:
+        raise SpecError("the name cannot be changed", loc=("body", "metadata", "name"))
+    spec_patch = patch.get("spec")
+    if native and isinstance(spec_patch, dict):
+        for key in spec_patch:
+            if key not in NATIVE_PATCHABLE:
+                raise SpecError(f"{key} of a workload submitted as Kubernetes manifests is "
+                                "theirs: apply the changed manifests", loc=("body", "spec", key))
+    base = {"apiVersion": "skyfed.io/v1", "kind": "Workload",
+            "metadata": {"name": view["metadata"]["name"],
+                         "labels": view["metadata"]["labels"]},
+            "spec": {k: v for k, v in view["spec"].items()
+                     if k not in ("objects", "clusterNames")}}
+    doc: dict[str, Any] = merge_patch(base, {k: v for k, v in patch.items()
+                                             if k in ("metadata", "spec")})
+    return doc

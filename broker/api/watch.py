@@ -1,0 +1,79 @@
+"""`GET /v1/workloads?watch=true`: the tenant's workloads as server-sent events, like
+`kubectl get -w`.
+
+The stream first sends every live workload (`event: ADDED`), then one `event: MODIFIED` per
+change, each with the workload as `GET /v1/workloads/{ref}` shows it (`data:`) and the
+event-log id (`id:`). Changes come from the event log (every status transition, update and
+cancel appends a `workload.*` event in the same unit of work as the change), read every
+`poll_s`; the id read before the first listing is where it starts, so nothing that happens
+while the stream opens is missed (a workload may come twice). A client that reconnects with
+`Last-Event-ID` resumes after that event without the initial listing. The stream ends after
+`timeoutSeconds` (0: the listing only), or when the client goes away; a comment line keeps
+idle connections open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from broker.api.views import dumps, workload_view
+from broker.errors import NotFoundError
+from broker.store import Store
+from broker.store.workloads import TERMINAL
+
+KEEPALIVE_S = 15.0
+
+
+def sse(event: str, data: Any, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\n".encode() + b"data: " + dumps(data) + b"\n\n"
+
+
+async def stream(store: Store, *, tenant: str | None, timeout_s: float, poll_s: float,
+                 resume_after: int | None,
+                 gone: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
+    """The event stream of `tenant`'s workloads (None: the admin, every tenant's). The
+    timeout is wall time of the connection (the event loop's clock), not the broker's."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    async with store.unit() as uow:
+        last = resume_after if resume_after is not None else await uow.events.last_id()
+        if resume_after is None:
+            cursor: str | None = None
+            while True:
+                page = await uow.workloads.list(tenant=tenant, limit=500, cursor=cursor)
+                for rec in page.items:
+                    if rec.workload.status not in TERMINAL:
+                        yield sse("ADDED", workload_view(rec))
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+    idle_s = 0.0
+    while loop.time() < end and not await gone():
+        async with store.unit() as uow:
+            events = await uow.events.list(tenant=tenant, after_id=last, limit=500)
+            changed: dict[str, int] = {}
+            for e in events:
+                last = max(last, e.id)
+                if e.kind.startswith("workload."):
+                    changed[e.subject] = e.id
+            views = []
+            for wid, eid in changed.items():
+                try:
+                    views.append((eid, workload_view(await uow.workloads.get(wid,
+                                                                             tenant=tenant))))
+                except NotFoundError:
+                    continue
+        for eid, view in sorted(views, key=lambda v: v[0]):
+            yield sse("MODIFIED", view, eid)
+        if len(events) >= 500:
+            continue  # more are waiting
+        if views:
+            idle_s = 0.0
+        elif idle_s >= KEEPALIVE_S:
+            yield b": keepalive\n\n"
+            idle_s = 0.0
+        await asyncio.sleep(max(0.0, min(poll_s, end - loop.time())))
+        idle_s += poll_s

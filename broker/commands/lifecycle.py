@@ -1,0 +1,96 @@
+"""`skyfed apply FILE` (create or change by name, like `kubectl apply`) and the printing of
+`skyfed get workloads -w`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from broker.commands.core import (
+    ConfigOpt,
+    OutputOpt,
+    ServerOpt,
+    TokenOpt,
+    _client,
+    _documents,
+    _emit,
+    _member_document,
+    fail,
+    is_kubernetes_document,
+)
+
+if TYPE_CHECKING:
+    from broker.api.client import BrokerClient
+
+_WORKLOAD_KINDS = {("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("batch/v1", "Job")}
+
+
+def _workload_name(docs: list[Any]) -> str:
+    for d in docs:
+        if (d.get("apiVersion"), d.get("kind")) in _WORKLOAD_KINDS:
+            name = (d.get("metadata") or {}).get("name")
+            if isinstance(name, str):
+                return name
+    raise fail("no Deployment, StatefulSet or Job with metadata.name among the manifests")
+
+
+def apply(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-': stdin).")],
+          config: ConfigOpt = None, server: ServerOpt = None, token: TokenOpt = None,
+          output: OutputOpt = "table") -> None:
+    """Create or change workloads by name (and register clusters and sites): a changed
+    replica count scales the same workload, a changed spec rolls it out."""
+    from broker.api.client import ClientError
+
+    out = []
+    with _client(config, server, token) as c:
+        for f in files:
+            native: list[Any] = []
+            for i, doc in _documents(f):
+                try:
+                    member = _member_document(doc)
+                    if member is not None:
+                        resource, body = member
+                        out.append({"kind": resource,
+                                    **c.request("POST", f"/v1/{resource}", json=body)})
+                    elif is_kubernetes_document(doc):
+                        native.append(doc)
+                    else:
+                        name = (doc.get("metadata") or {}).get("name") \
+                            if isinstance(doc, dict) else None
+                        out.append(c.apply(str(name or ""), doc))
+                except ClientError as e:
+                    raise fail(f"{f} (document {i}): {e}") from e
+            if native:
+                try:
+                    out.append(c.apply(_workload_name(native),
+                                       {"apiVersion": "v1", "kind": "List", "items": native}))
+                except ClientError as e:
+                    raise fail(f"{f} (Kubernetes manifests): {e}") from e
+    if output != "table":
+        _emit(out, output)
+        return
+    for w in out:
+        if w.get("kind") in ("clusters", "sites"):
+            typer.echo(f"{w['kind'][:-1]}/{w['name']} registered")
+            continue
+        verb = {"created": "created", "unchanged": "unchanged"}.get(w.get("change", ""),
+                                                                    "configured")
+        typer.echo(f"workload/{w['metadata']['name']} {verb}: {w['id']} "
+                   f"({w.get('change', '')}, {w['status']['phase']})")
+
+
+def print_watch(c: BrokerClient, output: str, timeout_s: int) -> None:
+    """One line per event (table), or one JSON/YAML document per event."""
+    for event, w in c.watch("workloads", timeout_s=timeout_s):
+        if output != "table":
+            _emit({"type": event, "object": w}, output)
+            continue
+        ready = w["status"].get("readyReplicas")
+        typer.echo(f"{event:<9} {w['metadata']['name']:<24} {w['id']}  "
+                   f"{w['status']['phase']:<11} {ready if ready is not None else '-'}/"
+                   f"{w['spec']['replicas']}", nl=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(apply)

@@ -1,0 +1,166 @@
+"""Workload lifecycle (issue 14 part 3) through the API on a real store, applied to kmock:
+PUT upsert by name (skyfed apply), PATCH merge patch, `{ref}` = id or name, watch (SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import warnings
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import pytest
+import yaml
+from kubernetes import client
+
+from broker.app import build_runtime, create_app, ensure_admin_token
+from broker.clock import ManualClock
+from broker.federation.dispatcher import Dispatcher
+from broker.federation.placement_loop import PlacementLoop
+from broker.federation.reconciler import Reconciler
+from broker.federation.runtime import Runtime
+from broker.settings import PlacementSettings, load_settings
+from providers.kubernetes import KubernetesDriver, KubernetesOptions
+from tests.contract.k8s_emulator import Emulator
+from tests.integration.test_foundation_store import db_url  # noqa: F401  (fixture)
+from tests.integration.test_k8s_submit import _cluster
+from tests.unit.test_k8s_manifests import NGINX
+
+pytestmark = pytest.mark.integration
+YAML = {"Content-Type": "application/yaml"}
+NS = "skyfed"
+DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
+
+
+@dataclass
+class World:
+    c: httpx.AsyncClient
+    auth: dict[str, str]
+    rt: Runtime
+    k: Any
+    driver: KubernetesDriver
+    clock: ManualClock
+
+    async def settle(self) -> None:
+        """One epoch, one dispatch pass, one reconcile pass."""
+        await PlacementLoop(self.rt.store, self.clock, PlacementSettings(),
+                            catalog=None).tick()
+        drivers = {"cheap": self.driver}
+        await Dispatcher(self.rt.store, drivers, self.clock).dispatch_once()
+        await Reconciler(self.rt.store, drivers, self.clock).reconcile_once()
+
+    def deployment(self, wid: str) -> dict[str, Any]:
+        return dict(self.k.objects[DEPLOYMENTS, NS, f"skyfed-{wid}"].raw)
+
+
+@pytest.fixture
+async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:  # noqa: F811
+    rt = build_runtime(load_settings(store={"url": db_url}, data_dir=tmp_path,
+                                     api={"watch_poll_s": 0.05}))
+    admin = await ensure_admin_token(rt)
+    async with Emulator() as k, kmock.Server(k) as srv:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            k.resources.load_bundled()
+        api = client.ApiClient(configuration=client.Configuration(host=str(srv.url)))
+        driver = KubernetesDriver("cheap", KubernetesOptions(namespace=NS, timeout_s=5),
+                                  api_client=api)
+        transport = httpx.ASGITransport(app=create_app(rt))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            r = await c.post("/v1/tokens", json={"tenant": "alice"},
+                             headers={"Authorization": f"Bearer {admin}"})
+            auth = {"Authorization": f"Bearer {r.json()['token']}"}
+            r = await c.post("/v1/clusters", json=_cluster("cheap", 0.2), headers=auth)
+            assert r.status_code == 201, r.text
+            yield World(c, auth, rt, k, driver, ManualClock(1000.0))
+        await asyncio.to_thread(api.close)
+    await rt.store.close()
+
+
+def _nginx(replicas: int, image: str = "nginx:1.14.2") -> str:
+    doc = json.loads(json.dumps(NGINX))
+    doc["spec"]["replicas"] = replicas
+    doc["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    return yaml.safe_dump(doc)
+
+
+async def _put(w: World, body: str, ref: str = "nginx-deployment") -> httpx.Response:
+    return await w.c.put(f"/v1/workloads/{ref}", content=body, headers={**w.auth, **YAML})
+
+
+async def test_apply_with_changed_replicas_scales_the_same_workload(world: World) -> None:
+    w = world
+    r = await _put(w, _nginx(3))
+    assert r.status_code == 201, r.text
+    wid = r.json()["id"]
+    await w.settle()
+    assert w.deployment(wid)["spec"]["replicas"] == 3
+    r = await _put(w, _nginx(3))  # the same again: nothing to do
+    assert (r.status_code, r.json()["change"]) == (200, "unchanged")
+    r = await _put(w, _nginx(5))
+    assert (r.status_code, r.json()["id"], r.json()["change"]) == (200, wid, "replanned")
+    await w.settle()
+    assert w.deployment(wid)["spec"]["replicas"] == 5
+    r = await _put(w, _nginx(2))  # fewer: in place, no re-plan
+    assert r.json()["change"] == "scale-down"
+    await w.settle()
+    assert w.deployment(wid)["spec"]["replicas"] == 2
+    listed = (await w.c.get("/v1/workloads", headers=w.auth)).json()["items"]
+    assert [x["id"] for x in listed] == [wid]  # no duplicate
+    r = await _put(w, _nginx(2, image="nginx:1.27"))  # only the pod template: a rollout
+    assert r.json()["change"] == "rollout"
+    await w.settle()
+    pod = w.deployment(wid)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "nginx:1.27"
+
+
+async def test_ref_is_an_id_or_a_name_and_patch_merges(world: World) -> None:
+    w = world
+    wid = (await _put(w, _nginx(3))).json()["id"]
+    await w.settle()
+    by_name = await w.c.get("/v1/workloads/nginx-deployment", headers=w.auth)
+    assert by_name.json()["id"] == wid
+    r = await w.c.patch(f"/v1/workloads/{wid}", json={"spec": {"replicas": 1}},
+                        headers={**w.auth, "Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["spec"]["replicas"], r.json()["change"]) == (1, "scale-down")
+    r = await w.c.patch("/v1/workloads/nginx-deployment",
+                        json={"spec": {"image": "httpd"}}, headers=w.auth)
+    assert r.status_code == 422  # the manifests own the pod template
+    assert r.json()["errors"][0]["loc"] == ["body", "spec", "image"]
+    r = await _put(w, _nginx(1), ref="w-0123456789abcdef")
+    assert r.status_code == 404  # an id that does not exist
+    bad = _nginx(1).replace("name: nginx-deployment", "name: w-0123456789abcdef", 1)
+    r = await w.c.post("/v1/workloads", content=bad, headers={**w.auth, **YAML})
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["loc"] == ["body", 0, "metadata", "name"]
+    assert (await w.c.delete("/v1/workloads/nginx-deployment", headers=w.auth)).json()[
+        "status"]["phase"] == "cancelled"
+
+
+async def test_watch_streams_the_status_transitions(world: World) -> None:
+    w = world
+
+    async def watch() -> str:
+        r = await w.c.get("/v1/workloads", params={"watch": "true", "timeoutSeconds": 2},
+                          headers=w.auth)
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return r.text
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0.3)
+    wid = (await _put(w, _nginx(2))).json()["id"]
+    await w.settle()
+    w.k.objects[DEPLOYMENTS, NS, f"skyfed-{wid}"].patch({"status": {"readyReplicas": 2}})
+    await Reconciler(w.rt.store, {"cheap": w.driver}, w.clock).reconcile_once()
+    text = await watcher
+    phases = [json.loads(line[6:])["status"]["phase"] for line in text.splitlines()
+              if line.startswith("data: ")]
+    assert phases[0] == "pending"
+    assert "placed" in phases
+    assert phases[-1] == "running"
+    assert "event: MODIFIED" in text
