@@ -45,6 +45,7 @@ PAGE_SCHEMA: dict[str, Any] = {
 
 _WHY = {
     200: "OK", 201: "Created",
+    202: "Accepted: draining; removed once its workloads have moved",
     401: "Missing, malformed, unknown or revoked bearer token",
     403: "Authenticated, but the call needs the admin token",
     404: "No such row for this tenant",

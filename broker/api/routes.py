@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
 from broker.api import lifecycle, manifests
+from broker.api.conditions import status_extra
 from broker.api.deps import Auth, RuntimeDep, current_principal, get_runtime, scope_of
 from broker.api.openapi import PAGE_SCHEMA, answers, merge_answers
 from broker.api.problems import BodyTooLargeError
@@ -188,7 +189,11 @@ async def submit_workload(request: Request) -> Response:
                         headers={"Location": f"/v1/workloads/{rec.workload.id}"})
 
 
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+_SSE = {"text/event-stream": {"schema": {
+    "type": "object", "description": "One server-sent event: `event` ADDED or MODIFIED, "
+                                     "`data` the workload (JSON), `id` the event-log id",
+    "properties": {"event": {"type": "string", "enum": ["ADDED", "MODIFIED"]},
+                   "data": {"type": "string"}, "id": {"type": "string"}}}}}
 
 
 @router.get("/workloads", responses=merge_answers(
@@ -223,7 +228,10 @@ async def list_workloads(
 async def get_workload(rt: RuntimeDep, principal: Auth, ref: WorkloadRef) -> Response:
     async with rt.store.unit() as uow:
         rec = await uow.workloads.resolve(ref, tenant=scope_of(principal))
-    return JsonResponse(workload_view(rec))
+        placement = await uow.placements.get_active_for_workload(rec.workload.id)
+    view = workload_view(rec)
+    view["status"] |= status_extra(rec, placement)
+    return JsonResponse(view)
 
 
 @router.put("/workloads/{ref}", status_code=200,
@@ -338,6 +346,39 @@ async def get_cluster(rt: RuntimeDep, principal: Auth, name: MemberName) -> Resp
     used = quota.vcpu_used if quota is not None and quota.vcpu_limit is not None else None
     return JsonResponse(cluster_detail_view(base, merged, readings.inventory.get(name),
                                             limit, used, readings.now_s))
+
+
+async def _drain(rt: Runtime, principal: Principal, kind: str, name: str) -> Response:
+    """Mark a member draining (federation/drain.py): the placement loop moves its workloads
+    elsewhere by migrations, then removes it. Removed at once when nothing runs there."""
+    tenant = scope_of(principal)
+    async with rt.store.unit() as uow:
+        repo = uow.clusters if kind == "cluster" else uow.sites
+        await repo.get(name, tenant=tenant)  # 404 unless it is the caller's (or admin)
+        running = await uow.placements.list_active_on_cluster(name)
+        if not running:
+            await repo.delete(name, tenant=tenant)
+            return JsonResponse({"name": name, "kind": kind, "removed": True,
+                                 "draining": False, "workloads": 0})
+        await repo.set_attrs(name, {"draining": True})
+        await uow.events.append(f"{kind}.draining", name, {"workloads": len(running)},
+                                tenant=tenant)
+    if rt.placement_loop is not None:
+        rt.placement_loop.wake()
+    return JsonResponse({"name": name, "kind": kind, "removed": False, "draining": True,
+                         "workloads": len(running)}, status_code=202)
+
+
+@router.delete("/clusters/{name}", responses=answers(200, 202, 401, 404, 422, 503),
+               summary="Remove a member cluster: drain it first (its workloads migrate)")
+async def delete_cluster(rt: RuntimeDep, principal: Auth, name: MemberName) -> Response:
+    return await _drain(rt, principal, "cluster", name)
+
+
+@router.delete("/sites/{name}", responses=answers(200, 202, 401, 404, 422, 503),
+               summary="Remove an edge site: drain it first (its workloads migrate)")
+async def delete_site(rt: RuntimeDep, principal: Auth, name: MemberName) -> Response:
+    return await _drain(rt, principal, "site", name)
 
 
 @router.post("/sites", status_code=201, responses=answers(201, 200, 401, 409, 413, 422, 503),

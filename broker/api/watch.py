@@ -1,15 +1,16 @@
-"""`GET /v1/workloads?watch=true`: the tenant's workloads as server-sent events, like
-`kubectl get -w`.
+"""`GET /v1/workloads?watch=true`: the tenant's workloads as server-sent events, like `kubectl
+get -w`.
 
 The stream first sends every live workload (`event: ADDED`), then one `event: MODIFIED` per
-change, each with the workload as `GET /v1/workloads/{ref}` shows it (`data:`) and the
-event-log id (`id:`). Changes come from the event log (every status transition, update and
-cancel appends a `workload.*` event in the same unit of work as the change), read every
-`poll_s`; the id read before the first listing is where it starts, so nothing that happens
-while the stream opens is missed (a workload may come twice). A client that reconnects with
-`Last-Event-ID` resumes after that event without the initial listing. The stream ends after
-`timeoutSeconds` (0: the listing only), or when the client goes away; a comment line keeps
-idle connections open.
+change, each with the workload as `GET /v1/workloads/{ref}` shows it (`data:`), its
+`status.phase` the one that change recorded (so every transition shows, even several between
+two reads), and the event-log id (`id:`). Changes come from the event log (every status
+transition, update and cancel appends a `workload.*` event in the same unit of work as the
+change), read every `poll_s`; the id read before the first listing is where it starts, so
+nothing that happens while the stream opens is missed (a workload may come twice). A client
+that reconnects with `Last-Event-ID` resumes after that event without the initial listing.
+The stream ends after `timeoutSeconds` (0: the listing only), or when the client goes away;
+a comment line keeps idle connections open.
 """
 
 from __future__ import annotations
@@ -18,12 +19,27 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from broker.api.conditions import status_extra
 from broker.api.views import dumps, workload_view
 from broker.errors import NotFoundError
-from broker.store import Store
+from broker.store import Store, UnitOfWork
 from broker.store.workloads import TERMINAL
 
 KEEPALIVE_S = 15.0
+# event kind (after `workload.`) -> the phase it records
+_PHASE_OF = {"submitted": "pending", "requeued": "pending", "placed": "placed",
+             "running": "running", "succeeded": "succeeded", "failed": "failed",
+             "cancelled": "cancelled", "unplaceable": "unplaceable", "pending": "pending"}
+
+
+async def _view(uow: UnitOfWork, wid: str, tenant: str | None) -> dict[str, Any] | None:
+    try:
+        rec = await uow.workloads.get(wid, tenant=tenant)
+    except NotFoundError:
+        return None
+    view = workload_view(rec)
+    view["status"] |= status_extra(rec, await uow.placements.get_active_for_workload(wid))
+    return view
 
 
 def sse(event: str, data: Any, event_id: int | None = None) -> bytes:
@@ -54,19 +70,23 @@ async def stream(store: Store, *, tenant: str | None, timeout_s: float, poll_s: 
     while loop.time() < end and not await gone():
         async with store.unit() as uow:
             events = await uow.events.list(tenant=tenant, after_id=last, limit=500)
-            changed: dict[str, int] = {}
+            views = []
+            current: dict[str, dict[str, Any] | None] = {}
             for e in events:
                 last = max(last, e.id)
-                if e.kind.startswith("workload."):
-                    changed[e.subject] = e.id
-            views = []
-            for wid, eid in changed.items():
-                try:
-                    views.append((eid, workload_view(await uow.workloads.get(wid,
-                                                                             tenant=tenant))))
-                except NotFoundError:
+                if not e.kind.startswith("workload."):
                     continue
-        for eid, view in sorted(views, key=lambda v: v[0]):
+                if e.subject not in current:
+                    current[e.subject] = await _view(uow, e.subject, tenant)
+                view = current[e.subject]
+                if view is None:
+                    continue
+                phase = _PHASE_OF.get(e.kind.removeprefix("workload."))
+                # Each event shows the phase it recorded: a client sees every transition even
+                # when several happened between two reads.
+                views.append((e.id, view if phase is None else
+                              {**view, "status": {**view["status"], "phase": phase}}))
+        for eid, view in views:
             yield sse("MODIFIED", view, eid)
         if len(events) >= 500:
             continue  # more are waiting

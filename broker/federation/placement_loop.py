@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 from broker.clock import Clock
 from broker.domain import Cluster, FederationSnapshot, Placement, PolicyAction, WorkloadStatus
 from broker.federation.decision_log import count_metrics, record_decisions
+from broker.federation.drain import with_drains
 from broker.federation.looping import PollingLoop
 from broker.federation.metrics import PENDING, PLACEMENT_EPOCH
 from broker.federation.policy_runtime import (
@@ -199,6 +200,8 @@ class PlacementLoop(PollingLoop):
         t1 = time.perf_counter()
         plan = await asyncio.to_thread(decide_and_plan, snap, self._action_fn, self._config,
                                        policy=self._policy, source=self._source)
+        plan = await with_drains(self._store, snap, plan, lambda s: decide_and_plan(
+            s, self._action_fn, self._config, policy=self._policy, source=self._source))
         t2 = time.perf_counter()
         counts = await self._write(plan, snap)
         for callback in self.on_commit:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.clock import Clock
 from broker.domain import SiteHealth, WorkloadStatus
@@ -170,6 +170,7 @@ class Reconciler(PollingLoop):
         now = self.clock.now()
         orphans: list[tuple[str, str]] = []
         changes: list[tuple[str, WorkloadStatus, str]] = []
+        seen: dict[str, dict[str, Any]] = {}  # placement id -> cluster -> readiness
         async with self._store.unit() as uow:
             self._migrating = migration_targets(await uow.decisions.list_open(
                 kinds=("migration",)))
@@ -189,10 +190,17 @@ class Reconciler(PollingLoop):
                         continue
                     if rec is None or not rec.dispatched:
                         continue
+                    seen.setdefault(rec.id, dict(rec.cluster_status))[cluster] = {
+                        "ready": st.ready_replicas, "desired": st.desired_replicas,
+                        "phase": str(st.phase), "message": st.message}
                     change = await self._judge(uow, cluster, st, now)
                     if change is not None:
                         changes.append(change)
             await uow.workloads.transition_many(changes, _ALLOWED_FROM)
+            records = {r.id: r for r in active.values()}
+            await uow.placements.set_cluster_status_many(
+                {pid: value for pid, value in seen.items()
+                 if value != dict(records[pid].cluster_status)})  # only what changed
         return orphans
 
     async def _judge(self, uow: UnitOfWork, cluster: str, st: DriverStatus,

@@ -35,6 +35,7 @@ from broker.domain import (
     Placement,
     Resources,
     Site,
+    SiteHealth,
     UserRegion,
     Workload,
     WorkloadStatus,
@@ -99,13 +100,16 @@ def _member(rec: ClusterRecord) -> Member:
     given = rec.attrs.get("price_sources")
     sources = {str(k): str(v) for k, v in given.items() if v in ("catalog", "registration")} \
         if isinstance(given, Mapping) else {}
-    return Member(cluster=rec.cluster, tenant=rec.tenant, operator=rec.shared,
+    # A draining member (federation/drain.py) takes nothing new: unhealthy to the planner.
+    cluster = replace(rec.cluster, healthy=False) if rec.attrs.get("draining") else rec.cluster
+    return Member(cluster=cluster, tenant=rec.tenant, operator=rec.shared,
                   account=rec.account, registered_s=rec.updated_s, price_sources=sources,
                   lent_to=frozenset(rec.lent_to))
 
 
 def _site_member(rec: SiteRecord) -> SiteMember:
-    return SiteMember(site=rec.site, tenant=rec.tenant, operator=rec.shared,
+    site = replace(rec.site, health=SiteHealth.DOWN) if rec.attrs.get("draining") else rec.site
+    return SiteMember(site=site, tenant=rec.tenant, operator=rec.shared,
                       registered_s=rec.updated_s, lent_to=frozenset(rec.lent_to))
 
 

@@ -232,6 +232,11 @@ class SiteRepo:
     async def list(self, *, tenant: str | None = None) -> builtins.list[Site]:
         return [r.site for r in await self.list_records(tenant=tenant)]
 
+    async def delete(self, name: str, *, tenant: str | None = None) -> None:
+        await self.get(name, tenant=tenant)
+        await self._s.execute(delete(SiteRow).where(SiteRow.name == name))
+        await self._events.append("site.deleted", name, {}, tenant=tenant)
+
 
 def _site_record(r: SiteRow) -> SiteRecord:
     return SiteRecord(site=site_from_row(r), tenant=r.tenant, last_seen_s=r.last_seen_s,

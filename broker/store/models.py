@@ -269,6 +269,8 @@ class PlacementRow(Base):
     # the fencing epoch of the leader that wrote it (store/leadership.py); None: written
     # outside leadership (SQLite's single broker, the API, a one-shot command)
     leader_epoch: Mapped[int | None] = mapped_column(BigInteger)
+    # cluster -> {"ready", "desired", "phase", "message"} as the reconciler last saw it
+    cluster_status: Mapped[dict[str, Any] | None] = mapped_column()
 
 
 class DecisionRow(Base):

@@ -47,7 +47,8 @@ def _record(r: PlacementRow) -> PlacementRecord:
         placement=placement_from_values(r.workload_id, r.assignments, r.cost_usd_per_hour,
                                         r.rtt_ms, r.decision),
         active=r.active, dispatched=r.dispatched, dispatch_attempts=r.dispatch_attempts,
-        last_error=r.last_error, created_s=r.created_s, updated_s=r.updated_s)
+        last_error=r.last_error, created_s=r.created_s, updated_s=r.updated_s,
+        cluster_status=dict(r.cluster_status or {}))
 
 
 class PlacementRepo:
@@ -215,6 +216,13 @@ class PlacementRepo:
     async def get(self, placement_id: str, *, tenant: str | None = None) -> PlacementRecord:
         return _record(await self._row(placement_id, tenant))
 
+    async def set_cluster_status_many(self, statuses: Mapping[str, Mapping[str, Any]]
+                                      ) -> None:
+        """Placement id -> {cluster: {ready, desired, phase, message}} (the reconciler)."""
+        for pid, value in statuses.items():
+            await self._s.execute(update(PlacementRow).where(PlacementRow.id == pid)
+                                  .values(cluster_status=dict(value)))
+
     async def get_active_for_workload(self, workload_id: str) -> PlacementRecord | None:
         row = (await self._s.scalars(select(PlacementRow).where(
             PlacementRow.workload_id == workload_id, PlacementRow.active.is_(True)))).first()
@@ -323,12 +331,12 @@ class PlacementRepo:
         cols = (PlacementRow.id, PlacementRow.tenant, PlacementRow.workload_id,
                 PlacementRow.assignments, PlacementRow.cost_usd_per_hour, PlacementRow.rtt_ms,
                 PlacementRow.dispatched, PlacementRow.dispatch_attempts, PlacementRow.last_error,
-                PlacementRow.created_s, PlacementRow.updated_s)
+                PlacementRow.created_s, PlacementRow.updated_s, PlacementRow.cluster_status)
         rows = (await self._s.execute(q.with_only_columns(*cols))).all()
         return [PlacementRecord(
             id=r[0], tenant=r[1], placement=placement_from_values(r[2], r[3], r[4], r[5], {}),
             active=True, dispatched=r[6], dispatch_attempts=r[7], last_error=r[8],
-            created_s=r[9], updated_s=r[10]) for r in rows]
+            created_s=r[9], updated_s=r[10], cluster_status=dict(r[11] or {})) for r in rows]
 
     async def list_to_withdraw(self, *, limit: int = 500) -> list[PlacementRecord]:
         """Dispatched, still-active placements whose workload was cancelled: delete them."""

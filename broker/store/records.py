@@ -65,6 +65,8 @@ class PlacementRecord:
     last_error: str
     created_s: float
     updated_s: float
+    # cluster -> {"ready", "desired", "phase", "message"}: the reconciler's last reading
+    cluster_status: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,3 +164,71 @@ async def test_watch_streams_the_status_transitions(world: World) -> None:
     assert "placed" in phases
     assert phases[-1] == "running"
     assert "event: MODIFIED" in text
+
+
+async def test_conditions_and_per_cluster_replicas(world: World) -> None:
+    w = world
+    wid = (await _put(w, _nginx(2))).json()["id"]
+    got = (await w.c.get(f"/v1/workloads/{wid}", headers=w.auth)).json()["status"]
+    assert [(c["type"], c["status"], c["reason"]) for c in got["conditions"]] == [
+        ("Scheduled", "False", "Pending"), ("Dispatched", "False", "NotScheduled"),
+        ("Ready", "False", "NotScheduled"), ("Degraded", "False", "AsExpected")]
+    await w.settle()
+    w.k.objects[DEPLOYMENTS, NS, f"skyfed-{wid}"].patch({"status": {"readyReplicas": 1}})
+    await Reconciler(w.rt.store, {"cheap": w.driver}, w.clock).reconcile_once()
+    got = (await w.c.get("/v1/workloads/nginx-deployment", headers=w.auth)).json()["status"]
+    conds = {c["type"]: c for c in got["conditions"]}
+    assert (conds["Scheduled"]["status"], conds["Scheduled"]["message"]) == ("True", "on cheap")
+    assert conds["Dispatched"]["reason"] == "Applied"
+    assert got["clusters"] == [{"cluster": "cheap", "desired": 2, "ready": 1,
+                                "phase": "pending", "message": ""}]
+    assert conds["Ready"]["status"] == "False"
+    w.k.objects[DEPLOYMENTS, NS, f"skyfed-{wid}"].patch({"status": {"readyReplicas": 2}})
+    await Reconciler(w.rt.store, {"cheap": w.driver}, w.clock).reconcile_once()
+    got = (await w.c.get("/v1/workloads/nginx-deployment", headers=w.auth)).json()["status"]
+    conds = {c["type"]: c for c in got["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("True", "Running")
+    assert conds["Ready"]["message"] == "cheap 2/2"
+    assert got["readyReplicas"] == 2
+
+
+async def test_deleting_a_cluster_moves_its_workloads_elsewhere_first(world: World) -> None:
+    """DELETE /v1/clusters/{name} drains: a migration (decision of the epoch, carried out by
+    the actuator) starts the workload elsewhere, then the member is removed."""
+    from broker.federation.actuator import Actuator
+    from providers.simulated import SimPool, SimulatedClusterDriver
+
+    w = world
+    r = await w.c.post("/v1/clusters", json=_cluster("dear", 0.9), headers=w.auth)
+    assert r.status_code == 201, r.text
+    dear = SimulatedClusterDriver("dear", [SimPool("p", 2, 8, 32)], clock=w.clock.now)
+    drivers: dict[str, Any] = {"cheap": w.driver, "dear": dear}
+    wid = (await _put(w, _nginx(2))).json()["id"]
+    await w.settle()
+    w.k.objects[DEPLOYMENTS, NS, f"skyfed-{wid}"].patch({"status": {"readyReplicas": 2}})
+    await Reconciler(w.rt.store, drivers, w.clock).reconcile_once()
+    r = await w.c.delete("/v1/clusters/cheap", headers=w.auth)
+    assert (r.status_code, r.json()["draining"], r.json()["workloads"]) == (202, True, 1)
+    loop = PlacementLoop(w.rt.store, w.clock, PlacementSettings(), catalog=None)
+    await loop.tick()
+    assert loop.last_plan is not None
+    [move] = loop.last_plan.migrations
+    assert (move.workload_id, move.reason) == (wid, "drain")
+    assert {a.cluster for a in move.target.assignments} == {"dear"}
+    act = Actuator(w.rt.store, drivers, w.clock)
+    await act.act_once()  # started on dear; cheap still serves
+    assert (await dear.status(workload_id=wid)).ready_replicas == 2
+    assert (DEPLOYMENTS, NS, f"skyfed-{wid}") in w.k.objects
+    listed = [c["name"] for c in (await w.c.get("/v1/clusters", headers=w.auth)).json()[
+        "items"]]
+    assert "cheap" in listed  # not removed while its workload is there
+    await act.act_once()  # switched
+    await act.act_once()  # drained: deleted on cheap
+    assert w.k.objects[DEPLOYMENTS, NS, f"skyfed-{wid}"].deleted
+    await loop.tick()  # nothing left on cheap: removed
+    listed = [c["name"] for c in (await w.c.get("/v1/clusters", headers=w.auth)).json()[
+        "items"]]
+    assert listed == ["dear"]
+    got = (await w.c.get(f"/v1/workloads/{wid}", headers=w.auth)).json()
+    assert got["status"]["phase"] == "running"
+    assert {c["cluster"] for c in got["status"]["clusters"]} == {"dear"}

@@ -1,0 +1,80 @@
+"""A workload's conditions, like a Kubernetes object's: `Scheduled`, `Dispatched`, `Ready`,
+`Degraded`, each with `status` ("True"/"False"), `reason` (CamelCase) and `message`, and its
+per-cluster replicas (`status.clusters`: ready/desired as the reconciler last read them from
+each member's driver).
+
+Derived, not stored: from the workload's phase and message, its active placement (written,
+applied, dispatch attempts and last error) and the placement's per-cluster readings, so they
+can never disagree with what `GET` shows elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.domain import WorkloadStatus
+from broker.store import PlacementRecord, WorkloadRecord
+
+
+def _cond(kind: str, ok: bool, reason: str, message: str = "") -> dict[str, str]:
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason,
+            "message": message}
+
+
+def clusters_of(p: PlacementRecord | None) -> list[dict[str, Any]]:
+    if p is None:
+        return []
+    want: dict[str, int] = {}
+    for a in p.placement.assignments:
+        want[a.cluster] = want.get(a.cluster, 0) + a.replicas
+    out = []
+    for cluster, desired in sorted(want.items()):
+        seen = p.cluster_status.get(cluster) or {}
+        out.append({"cluster": cluster, "desired": desired, "ready": seen.get("ready"),
+                    "phase": seen.get("phase"), "message": seen.get("message", "")})
+    return out
+
+
+def conditions(r: WorkloadRecord, p: PlacementRecord | None) -> list[dict[str, str]]:
+    st, msg = r.workload.status, r.message
+    where = ", ".join(sorted({a.cluster for a in p.placement.assignments})) if p else ""
+    if p is not None:
+        scheduled = _cond("Scheduled", True, "Placed", f"on {where}")
+    elif st is WorkloadStatus.UNPLACEABLE:
+        scheduled = _cond("Scheduled", False, "Unplaceable", msg)
+    else:
+        scheduled = _cond("Scheduled", False, "Pending", msg or "waiting for the planner")
+    if p is None:
+        dispatched = _cond("Dispatched", False, "NotScheduled")
+    elif p.dispatched:
+        dispatched = _cond("Dispatched", True, "Applied", f"applied to {where}")
+    else:
+        dispatched = _cond("Dispatched", False,
+                           "Retrying" if p.dispatch_attempts else "Applying",
+                           p.last_error)
+    per = clusters_of(p)
+    short = [c for c in per if c["ready"] is not None and c["ready"] < c["desired"]]
+    counts = ", ".join(f"{c['cluster']} {c['ready'] if c['ready'] is not None else '?'}/"
+                       f"{c['desired']}" for c in per)
+    ready_reason = {WorkloadStatus.RUNNING: "Running", WorkloadStatus.SUCCEEDED: "Succeeded",
+                    WorkloadStatus.FAILED: "Failed", WorkloadStatus.CANCELLED: "Cancelled",
+                    WorkloadStatus.PLACED: "Starting"}.get(st, "NotScheduled")
+    ready = _cond("Ready", st is WorkloadStatus.RUNNING and not short, ready_reason,
+                  counts or msg)
+    if st is WorkloadStatus.RUNNING and short:
+        degraded = _cond("Degraded", True, "ReplicasNotReady", counts)
+    elif p is not None and not p.dispatched and p.dispatch_attempts:
+        degraded = _cond("Degraded", True, "DispatchFailing", p.last_error)
+    elif st is WorkloadStatus.FAILED:
+        degraded = _cond("Degraded", True, "Failed", msg)
+    else:
+        degraded = _cond("Degraded", False, "AsExpected")
+    return [scheduled, dispatched, ready, degraded]
+
+
+def status_extra(r: WorkloadRecord, p: PlacementRecord | None) -> dict[str, Any]:
+    """What `status` gains when the placement was read: conditions and clusters."""
+    per = clusters_of(p)
+    ready = [c["ready"] for c in per if c["ready"] is not None]
+    return {"conditions": conditions(r, p), "clusters": per,
+            "readyReplicas": sum(ready) if ready else None}
