@@ -41,6 +41,7 @@ from broker.errors import BrokerError
 from broker.federation import scaling
 from broker.federation.metrics import ACTUATIONS
 from broker.federation.migration import Migrator
+from broker.federation.preempt import evict
 from broker.settings import ActuatorSettings
 from broker.store import ClusterRecord, DecisionRecord, Store
 from providers.base import (
@@ -162,6 +163,9 @@ class Actuator:
             return Outcome(p.state, step=p.step, event=p.event, error=p.error,
                            wait_s=p.wait_s, spec=p.spec, recorded=p.recorded,
                            data={"reason": rec.spec.get("reason", "")})
+        if rec.kind == "preemption":  # federation/preempt.py
+            state, event = await evict(self._store, self._drivers, rec)
+            return Outcome(state, event=event, data={"by": rec.spec.get("by", "")})
         if cluster is None:
             return Outcome("refused", event="refused", error=f"cluster {rec.cluster!r} is not "
                                                               "registered")
@@ -255,7 +259,8 @@ class Actuator:
     # ---- record ---------------------------------------------------------------------------
     async def _record(self, rec: DecisionRecord, out: Outcome) -> None:
         now = self._clock.now()
-        subject = rec.workload_id if rec.kind == "migration" else f"{rec.cluster}/{rec.pool}"
+        subject = rec.workload_id if rec.kind in ("migration", "preemption") \
+            else f"{rec.cluster}/{rec.pool}"
         data = {"decision": rec.id, "cluster": rec.cluster, "pool": rec.pool,
                 "state": out.state, **out.data}
         if out.error:

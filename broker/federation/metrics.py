@@ -32,7 +32,7 @@ LEADER_EPOCH = Gauge(
 
 # Export every series from the start (at 0), so dashboards and alerts see them before the
 # first event.
-for _kind in ("placement", "scale", "scale_in", "prewarm", "migration", "retry"):
+for _kind in ("placement", "scale", "scale_in", "prewarm", "migration", "retry", "preemption"):
     DECISIONS.labels(_kind)
 for _by in ("reconciler", "edge_hub"):
     FAILOVERS.labels(_by)

@@ -56,9 +56,12 @@ from broker.federation.policy_runtime import (
     per_placement,
     share_observation,
 )
+from broker.federation.preempt import preemptions
+from broker.federation.preempt import record as record_preemptions
 from broker.federation.quarantine import Quarantine
 from broker.federation.snapshot import RunningCache, SnapshotReader
 from broker.placement.planner import DecisionConfig, EpochPlan, PlannerConfig, plan_epoch
+from broker.placement.preemption import Preemption
 from broker.settings import PlacementSettings, SnapshotSettings
 from broker.store import ClusterRecord, Store
 
@@ -156,6 +159,7 @@ class PlacementLoop(PollingLoop):
         self._config = planner_config(settings)
         self._action_fn = action_fn or fixed_action(settings)
         self._source = "custom" if action_fn is not None else "fixed"
+        self._evictions: tuple[Preemption, ...] = ()  # this epoch's (federation/preempt.py)
         self._catalog = catalog
         self._policy = policy
         self.quarantine = Quarantine()  # clusters with absurd numbers stay out (sanity.py)
@@ -200,8 +204,12 @@ class PlacementLoop(PollingLoop):
         t1 = time.perf_counter()
         plan = await asyncio.to_thread(decide_and_plan, snap, self._action_fn, self._config,
                                        policy=self._policy, source=self._source)
-        plan = await with_drains(self._store, snap, plan, lambda s: decide_and_plan(
-            s, self._action_fn, self._config, policy=self._policy, source=self._source))
+        def replan(s: FederationSnapshot) -> EpochPlan:
+            return decide_and_plan(s, self._action_fn, self._config, policy=self._policy,
+                                   source=self._source)
+
+        plan = await with_drains(self._store, snap, plan, replan)
+        self._evictions = await preemptions(snap, plan, replan)
         t2 = time.perf_counter()
         counts = await self._write(plan, snap)
         for callback in self.on_commit:
@@ -247,8 +255,11 @@ class PlacementLoop(PollingLoop):
                 if wid not in placed and reason.startswith(_FOREVER_REASONS):
                     await uow.workloads.set_status(wid, WorkloadStatus.UNPLACEABLE,
                                                    message=reason)
-            return await record_decisions(uow, plan, snap, owners=self._view.owners,
-                                          tenants=self._view.tenants)
+            counts = await record_decisions(uow, plan, snap, owners=self._view.owners,
+                                            tenants=self._view.tenants)
+            counts["preemption"] = await record_preemptions(
+                uow, self._evictions, {wid: w.tenant for wid, w in snap.workloads.items()})
+            return counts
 
 
 def make_placement_loop(rt: Runtime) -> PlacementLoop:

@@ -164,3 +164,36 @@ async def test_split_within_one_simulated_cluster_runs_every_replica(store: Stor
                                                      cpu=4)], spec, {"split-c": drv})
     st = await drv.status(workload_id=wid)
     assert (st.ready_replicas, st.desired_replicas) == (4, 4)
+
+
+async def test_priority_preemption_is_a_decision_carried_out_by_the_actuator(
+        store: Store) -> None:
+    """A higher-priority workload that cannot be placed evicts lower-priority batch work:
+    the epoch records a `preemption` decision, the actuator evicts, events name both."""
+    from broker.federation.actuator import Actuator
+
+    clock = ManualClock(1000.0)
+    drv = SimulatedClusterDriver("solo", [SimPool("p", 1, 8, 32)], clock=clock.now)
+    batch = WorkloadSpec(name="etl", kind=WorkloadKind.BATCH, image="etl", replicas=2,
+                         resources=Resources(4.0, 8.0, 0), duration_s=3600.0)
+    victim = await _place_and_dispatch(
+        store, [_cluster("solo", ("p",), price=0.2, cpu=8)], batch, {"solo": drv})
+    urgent = WorkloadSpec(name="checkout", kind=WorkloadKind.SERVICE, image="web",
+                          replicas=1, resources=Resources(4.0, 4.0, 0), priority=100)
+    async with store.unit() as uow:
+        rec, _ = await uow.workloads.submit(tenant="acme", spec=urgent)
+    loop = PlacementLoop(store, clock, PlacementSettings(), catalog=None)
+    plan = await loop.tick()
+    assert plan is not None
+    assert rec.workload.id in plan.unplaced  # the only node is full
+    await Actuator(store, {"solo": drv}, clock).act_once()
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(victim)).workload.status.value == "pending"
+        events = await uow.events.list(tenant="acme", limit=1000)
+    assert await drv.list_status() == []  # its replicas are gone from the cluster
+    named = {(e.kind, e.subject): e.data for e in events}
+    assert named[("workload.preempted", victim)]["by"] == rec.workload.id
+    assert named[("workload.preempting", rec.workload.id)]["victim"] == victim
+    plan = await loop.tick()
+    assert plan is not None
+    assert rec.workload.id in {p.workload_id for p in plan.placements}
