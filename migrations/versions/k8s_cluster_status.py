@@ -2,7 +2,7 @@
 cluster, written by the reconciler (the workload's per-cluster status and conditions)
 
 Revision ID: k8s_cluster_status
-Revises: ha_leader_epochs
+Revises: tenancy_roles_scopes
 Create Date: 2026-11-30 21:00:00
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "k8s_cluster_status"
-down_revision: str | None = "ha_leader_epochs"
+down_revision: str | None = "tenancy_roles_scopes"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
