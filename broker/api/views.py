@@ -114,7 +114,7 @@ def cluster_view(r: ClusterRecord) -> dict[str, Any]:
             "labels": dict(c.labels), "taints": list(c.taints), "quotaVcpu": c.quota_vcpu,
             "quotaGpu": c.quota_gpu, "healthy": c.healthy, "quotaStale": c.quota_stale,
             "pools": [_pool_view(p) for p in c.pools], "attrs": dict(r.attrs),
-            "updatedS": r.updated_s}
+            "updatedS": r.updated_s, "shared": r.shared, "lentTo": list(r.lent_to)}
 
 
 def observed_view(inv: InventoryRecord | None, now_s: float) -> dict[str, Any] | None:
@@ -181,7 +181,8 @@ def site_view(r: SiteRecord) -> dict[str, Any]:
             "priceUsdPerHour": s.price_usd_per_hour, "gpuModel": s.gpu_model,
             "interconnect": str(s.interconnect), "uplinkGbps": s.uplink_gbps,
             "health": str(s.health), "labels": dict(s.labels), "lastSeenS": r.last_seen_s,
-            "attrs": dict(r.attrs), "updatedS": r.updated_s}
+            "attrs": dict(r.attrs), "updatedS": r.updated_s, "shared": r.shared,
+            "lentTo": list(r.lent_to)}
 
 
 def placement_view(r: PlacementRecord) -> dict[str, Any]:

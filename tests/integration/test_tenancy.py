@@ -108,6 +108,11 @@ async def test_finding2_a_tenant_is_never_placed_on_another_tenants_private_clus
 
 async def test_a_tenant_lends_its_cluster_to_named_tenants_only(world: World) -> None:
     await _register(world, lendTo=["carol"])
+    mine = (await world.c.get("/v1/clusters", headers=world.alice)).json()["items"]
+    assert [(c["name"], c["shared"], c["lentTo"]) for c in mine] == [
+        ("alice-cheap", False, ["carol"])]
+    fed = (await world.c.get("/v1/clusters/fed-aws", headers=world.admin)).json()
+    assert fed["shared"] is True
     _, carol = await _placed_on(world, world.carol, "carol-job")
     _, bob = await _placed_on(world, world.bob, "bob-job")
     assert carol == ["alice-cheap"]  # lent to carol by name
