@@ -292,13 +292,15 @@ def may_use(tenant: str, cluster: Cluster) -> bool:
 
 def tenancy_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArray:
     """W x O: True where the workload's tenant may use the option's cluster (`may_use`)."""
-    mask = np.ones((len(wls), len(options)), dtype=bool)
     private = [j for j, o in enumerate(options) if o.cluster.allowed_tenants is not None]
-    for i, w in enumerate(wls):
+    if not private or not wls:
+        return np.ones((len(wls), len(options)), dtype=bool)
+    tenants = {t: i for i, t in enumerate(sorted({w.tenant for w in wls}))}
+    table = np.ones((len(tenants), len(options)), dtype=bool)  # one row per tenant
+    for t, i in tenants.items():
         for j in private:
-            if not may_use(w.tenant, options[j].cluster):
-                mask[i, j] = False
-    return mask
+            table[i, j] = may_use(t, options[j].cluster)
+    return table[np.array([tenants[w.tenant] for w in wls], dtype=np.int64)]
 
 
 def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
