@@ -354,15 +354,17 @@ async def _drain(rt: Runtime, principal: Principal, kind: str, name: str) -> Res
     tenant = scope_of(principal)
     async with rt.store.unit() as uow:
         repo = uow.clusters if kind == "cluster" else uow.sites
-        await repo.get(name, tenant=tenant)  # 404 unless it is the caller's (or admin)
+        rec = await repo.get(name, tenant=tenant)  # 404 unless it is the caller's (or admin)
         running = await uow.placements.list_active_on_cluster(name)
         if not running:
             await repo.delete(name, tenant=tenant)
             return JsonResponse({"name": name, "kind": kind, "removed": True,
                                  "draining": False, "workloads": 0})
         await repo.set_attrs(name, {"draining": True})
+        # The member's owner's event (a federation event only for a federation-wide one),
+        # whoever drains it: an admin draining a tenant's private member names it to no one else.
         await uow.events.append(f"{kind}.draining", name, {"workloads": len(running)},
-                                tenant=tenant)
+                                tenant=None if rec.shared else rec.tenant)
     if rt.placement_loop is not None:
         rt.placement_loop.wake()
     return JsonResponse({"name": name, "kind": kind, "removed": False, "draining": True,

@@ -338,3 +338,15 @@ async def test_edge_events_of_a_private_site_go_to_its_owner_only(world: World) 
                                headers=world.alice)).json()["items"]
     assert [e["subject"] for e in bob] == ["fed-edge"]
     assert sorted(e["subject"] for e in alice) == ["alice-edge", "fed-edge"]
+
+
+async def test_an_admin_draining_a_private_cluster_tells_its_owner_only(world: World) -> None:
+    await _register(world)
+    await _placed_on(world, world.alice, "alice-job")
+    r = await world.c.delete("/v1/clusters/alice-cheap", headers=world.admin)
+    assert r.status_code == 202, r.text
+    kind = {"kind": "cluster.draining"}
+    bob = (await world.c.get("/v1/events", params=kind, headers=world.bob)).json()["items"]
+    alice = (await world.c.get("/v1/events", params=kind, headers=world.alice)).json()["items"]
+    assert bob == []
+    assert [e["subject"] for e in alice] == ["alice-cheap"]
