@@ -22,13 +22,16 @@ Trial k runs scenario k mod 5, each bounded by `--trial-timeout-s`:
 Clients submit every workload with an Idempotency-Key and retry it (same key, any live
 replica) until answered 201/200. `accepted`: workloads answered so. `lost`: accepted but
 not stored, or not placed by the end. `duplicated`: one submission stored twice.
-`double_placed`: a workload with more placements than 1 + its re-queues (the fencing epoch
-and the election are what keep this 0). Killed replicas restart before the next trial.
+`double_placed`: a workload the placement loop placed more often than 1 + its re-queues, or
+with two active placements (bench/replicas.py `DOUBLE_PLACED`; a migration or an edge
+failover moves a workload without placing it again). The election and the fencing epoch
+are what keep it 0. Killed replicas restart before the next trial.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import secrets
@@ -47,7 +50,7 @@ from typing import Annotated, Any
 import typer
 
 from broker.bench.api import DEFAULT_PG, RawClient, free_port
-from broker.bench.replicas import ReplicaSet, leader, names_stored, query
+from broker.bench.replicas import DOUBLE_PLACED, ReplicaSet, leader, names_stored, query
 
 SCENARIOS = ("leader_kill", "replica_kill", "pg_loss", "mqtt_restart", "provider_faults")
 SPEC: dict[str, Any] = {"kind": "service", "image": "nginx:1.27", "replicas": 1,
@@ -72,6 +75,7 @@ class Tally:
     failover_s: list[float] = field(default_factory=list)
     pg_recovery_s: list[float] = field(default_factory=list)
     mqtt_recovery_s: list[float] = field(default_factory=list)
+    routes_kept: list[bool] = field(default_factory=list)  # per Mosquitto restart
     per_scenario: dict[str, int] = field(default_factory=dict)
 
 
@@ -134,8 +138,10 @@ async def prepare(url: str, opts: Options) -> str:
                             pools=(pool,), lat=38.9, lon=-77.4), tenant="admin",
                     attrs={"driver": "simulated",
                            "simulated": {"error_rate": PROVIDER_ERROR_RATE, "seed": i}})
+            # dear, so the load stays on the clouds; only the route probe (its users are at
+            # the site, 10 ms SLO) is placed here
             await uow.sites.upsert(Site(SITE, 35.7, 139.7, capacity=Resources(8, 32),
-                                        price_usd_per_hour=0.05), tenant="admin")
+                                        price_usd_per_hour=50.0), tenant="admin")
             _, token = await uow.tokens.create(tenant="chaos", description="skyfed bench chaos")
     finally:
         await store.close()
@@ -262,7 +268,50 @@ async def _rtt_at(url: str) -> float:
                default=0.0)
 
 
+async def routes(mq: Mosquitto, wait_s: float = 0.5) -> dict[str, str]:
+    """The retained routes on the bench's Mosquitto: service -> site."""
+    import aiomqtt
+
+    from edge_agent.protocol import DEFAULT_PREFIX, Route, Topics, decode
+
+    out: dict[str, str] = {}
+    async with aiomqtt.Client("127.0.0.1", mq.port,
+                              identifier=f"chaos-routes-{uuid.uuid4().hex[:8]}") as c:
+        await c.subscribe(Topics(DEFAULT_PREFIX).all_routes(), qos=1)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                async for msg in c.messages:
+                    route = decode(Route, msg.payload) if isinstance(
+                        msg.payload, bytes | bytearray | str) and msg.payload else None
+                    if route is not None:
+                        out[route.service] = route.site
+    return out
+
+
+async def _route_probe(rs: ReplicaSet, mq: Mosquitto, token: str, timeout_s: float) -> str:
+    """Submit one edge service whose users are at SITE; wait until its route is retained."""
+    body = json.dumps({"apiVersion": "skyfed.io/v1", "kind": "Workload",
+                       "metadata": {"name": "chaos-route"},
+                       "spec": SPEC | {"userRegion": SITE, "latencySloMs": 10}}).encode()
+    raw = RawClient("127.0.0.1", rs.ports[rs.alive()[0]])
+    try:
+        status = await raw.post("/v1/workloads", body, {
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+            "Idempotency-Key": "chaos-route"})
+    finally:
+        await raw.close()
+    if status not in (200, 201):
+        raise RuntimeError(f"the route probe was answered {status}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await routes(mq):
+            return SITE
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"no edge route was published within {timeout_s} s\n{rs.logs()}")
+
+
 async def _mqtt_restart(url: str, mq: Mosquitto, tally: Tally, timeout_s: float) -> None:
+    before = await routes(mq)
     t0 = time.monotonic()
     mq.stop()
     await mq.start()
@@ -272,6 +321,8 @@ async def _mqtt_restart(url: str, mq: Mosquitto, tally: Tally, timeout_s: float)
         return await _rtt_at(url) > up_wall
 
     took = await _until(fresh_rtt, timeout_s, every_s=0.1)
+    after = await routes(mq)
+    tally.routes_kept.append(bool(before) and all(after.get(k) == v for k, v in before.items()))
     tally.mqtt_recovery_s.append(round(time.monotonic() - t0, 3) if took is not None
                                  else timeout_s)
 
@@ -324,11 +375,7 @@ async def count(url: str, tally: Tally) -> dict[str, int]:
     placed = {str(r[0]) for r in placed_rows}
     dup = await query(url, """SELECT count(*) FROM (SELECT tenant, name FROM workloads
                                GROUP BY tenant, name HAVING count(*) > 1) d""")
-    double = await query(url, """SELECT count(*) FROM (
-        SELECT w.id FROM workloads w JOIN placements p ON p.workload_id = w.id GROUP BY w.id
-        HAVING count(p.id) > 1 + (SELECT count(*) FROM events e WHERE e.subject = w.id
-                                  AND e.kind IN ('workload.requeued', 'placement.moved'))
-        ) d""")
+    double = await query(url, DOUBLE_PLACED, "%")
     running = await query(url, """SELECT count(*) FROM workloads
         WHERE name = ANY($1::text[]) AND status = 'running'""", accepted)
     return {"running": int(running[0][0] or 0),
@@ -387,6 +434,7 @@ async def run(pg_url: str, opts: Options) -> dict[str, Any]:
         try:
             token = await prepare(url, opts)
             await rs.start_all()
+            await _route_probe(rs, mq, token, opts.trial_timeout_s)
             for k in range(opts.trials):
                 await trial(k, url, rs, mq, token, tally, opts, rng)
             await _until(lambda: _all_running(url, sorted(tally.accepted)),
@@ -404,6 +452,9 @@ async def run(pg_url: str, opts: Options) -> dict[str, Any]:
             "leader_failover_s": _stats(tally.failover_s, ("p50", "max")),
             "pg_recovery_s": _stats(tally.pg_recovery_s, ("p50", "max")),
             "mqtt_recovery_s": _stats(tally.mqtt_recovery_s, ("p50", "max")),
+            # every retained route on the same site after each Mosquitto restart
+            "routes_kept": all(tally.routes_kept) if tally.routes_kept else None,
+            "routes_checked": len(tally.routes_kept),
             "scenarios": tally.per_scenario, "replicas": opts.replicas,
             "workloads_per_trial": opts.workloads,
             "provider_error_rate": PROVIDER_ERROR_RATE,

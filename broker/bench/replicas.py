@@ -136,19 +136,32 @@ async def wait_leader(url: str, rs: ReplicaSet, *, not_epoch: int | None = None,
     raise RuntimeError(f"no new leader within {timeout_s} s\n{rs.logs()}")
 
 
+# A workload the placement loop placed twice: more `workload.placed` events than 1 + its
+# re-queues (a re-queue legitimately asks for a new placement; a migration or an edge
+# failover moves it without a `workload.placed`), or more than one active placement.
+DOUBLE_PLACED = """
+SELECT count(*) FROM workloads w WHERE w.name LIKE $1 AND (
+  (SELECT count(*) FROM events e WHERE e.subject = w.id AND e.kind = 'workload.placed')
+    > 1 + (SELECT count(*) FROM events e WHERE e.subject = w.id
+           AND e.kind = 'workload.requeued')
+  OR (SELECT count(*) FROM placements p WHERE p.workload_id = w.id AND p.active) > 1)
+"""
+
+
 async def placement_counts(url: str, prefix: str) -> dict[str, int]:
     """Over workloads named `prefix*`: how many exist, are placed (have an active or past
-    placement), were placed more than once, and workload names stored more than once."""
+    placement), were placed twice (`DOUBLE_PLACED`), and names stored more than once."""
     rows = await query(url, """
-        SELECT count(*) FILTER (WHERE n >= 1), count(*) FILTER (WHERE n > 1), count(*)
+        SELECT count(*) FILTER (WHERE n >= 1), count(*)
         FROM (SELECT w.id, count(p.id) AS n FROM workloads w
               LEFT JOIN placements p ON p.workload_id = w.id
               WHERE w.name LIKE $1 GROUP BY w.id) per""", prefix + "%")
     dup = await query(url, """SELECT count(*) FROM (SELECT name FROM workloads
                                WHERE name LIKE $1 GROUP BY name HAVING count(*) > 1) d""",
-                       prefix + "%")
-    placed, double, total = (int(v or 0) for v in rows[0])
-    return {"workloads": total, "placed": placed, "double_placed": double,
+                      prefix + "%")
+    double = await query(url, DOUBLE_PLACED, prefix + "%")
+    placed, total = (int(v or 0) for v in rows[0])
+    return {"workloads": total, "placed": placed, "double_placed": int(double[0][0] or 0),
             "duplicated": int(dup[0][0] or 0)}
 
 

@@ -30,6 +30,8 @@ def test_bench_chaos_prints_the_documented_json() -> None:
     assert (result["lost"], result["duplicated"], result["double_placed"]) == (0, 0, 0)
     assert result["running"] == result["accepted"]
     assert result["provider_error_rate"] == 0.3
+    assert result["routes_kept"] is True  # the edge route survived the Mosquitto restart
+    assert result["routes_checked"] == 1
     for key in ("leader_failover_s", "pg_recovery_s", "mqtt_recovery_s"):
         assert set(result[key]) >= {"p50", "max"}
         assert 0 < result[key]["max"] < 30, key  # recovered within the trial bound
