@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -81,15 +82,24 @@ def apply(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-':
 
 
 def print_watch(c: BrokerClient, output: str, timeout_s: int) -> None:
-    """One line per event (table), or one JSON/YAML document per event."""
+    """One line per event (table), or one JSON/YAML document per event; Ctrl-C ends it."""
+    try:
+        _print_events(c, output, timeout_s)
+    except KeyboardInterrupt:
+        return
+
+
+def _print_events(c: BrokerClient, output: str, timeout_s: int) -> None:
     for event, w in c.watch("workloads", timeout_s=timeout_s):
         if output != "table":
             _emit({"type": event, "object": w}, output)
+            sys.stdout.flush()
             continue
         ready = w["status"].get("readyReplicas")
         typer.echo(f"{event:<9} {w['metadata']['name']:<24} {w['id']}  "
                    f"{w['status']['phase']:<11} {ready if ready is not None else '-'}/"
-                   f"{w['spec']['replicas']}", nl=True)
+                   f"{w['spec']['replicas']}")
+        sys.stdout.flush()  # each change as it happens, also into a pipe
 
 
 def register(app: typer.Typer) -> None:
