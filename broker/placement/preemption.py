@@ -3,8 +3,10 @@ work (pure: snapshot and plan in, decisions out; the actuator carries them out).
 
 For each workload left (partly) unplaced, highest priority first (at most `limit` an epoch):
 
-1. candidates: running `batch`/`train` workloads of strictly lower priority (services are
-   never preempted), not already chosen this epoch;
+1. candidates: running `batch`/`train` workloads of the same tenant with strictly lower
+   priority (services are never preempted), not already chosen this epoch. A priority is
+   the tenant's own number: it orders the tenant's work and cannot rank one tenant above
+   another, so one tenant never evicts another's;
 2. the epoch is planned again for that workload alone on a snapshot where the candidates'
    replicas are gone (their placements out of `running`, their requests off each pool's
    `used`), with the same planner (`replan`, the live loop's `plan_epoch`): every hard
@@ -90,7 +92,8 @@ def plan_preemptions(snapshot: FederationSnapshot, unplaced: Mapping[str, str],
     taken: set[str] = set()
     for u in waiting[:limit]:
         candidates = {wid: running[wid] for wid, w in workloads.items()
-                      if w.spec.priority < u.spec.priority and wid not in taken}
+                      if w.tenant == u.tenant and w.spec.priority < u.spec.priority
+                      and wid not in taken}
         if not candidates:
             continue
         trial = _placed(replan, snapshot, candidates, workloads, u)

@@ -94,6 +94,17 @@ def test_higher_priority_workload_evicts_lower_priority_batch_work(
         assert moves == ()
 
 
+def test_another_tenants_work_is_never_evicted() -> None:
+    victim, running = _full_world()
+    other = workload("w-00000000000000dd", replicas=1, cpu=4, mem=8, priority=1000,
+                     labels={"tenant": "t2"})
+    snap = snapshot((other,), clusters=_solo(Resources(8, 32)), running=(running,),
+                    workloads={victim.id: victim})
+    plan = plan_epoch(snap, ACTION, CONFIG)
+    assert other.id in plan.unplaced
+    assert plan_preemptions(snap, plan.unplaced, _replan) == ()
+
+
 def test_nothing_is_evicted_when_it_would_not_make_room() -> None:
     victim, running = _full_world()
     huge = workload("w-00000000000000cc", replicas=1, cpu=16, mem=8, priority=100)
