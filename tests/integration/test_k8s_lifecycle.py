@@ -232,3 +232,32 @@ async def test_deleting_a_cluster_moves_its_workloads_elsewhere_first(world: Wor
     got = (await w.c.get(f"/v1/workloads/{wid}", headers=w.auth)).json()
     assert got["status"]["phase"] == "running"
     assert {c["cluster"] for c in got["status"]["clusters"]} == {"dear"}
+
+
+async def test_names_watches_and_drains_are_per_tenant(world: World) -> None:
+    """Another tenant's workload of the same name is its own; a watch shows only the
+    caller's workloads; a tenant cannot drain a member it did not register."""
+    w = world
+    admin = await ensure_admin_token(w.rt)  # None: it exists; make a second tenant instead
+    assert admin is None
+    async with w.rt.store.unit() as uow:
+        _, token = await uow.tokens.create(tenant="bob")
+    bob = {"Authorization": f"Bearer {token}"}
+    mine = (await _put(w, _nginx(2))).json()["id"]
+    r = await w.c.put("/v1/workloads/nginx-deployment", content=_nginx(4),
+                      headers={**bob, **YAML})
+    assert r.status_code == 201, r.text  # bob's own, not alice's changed
+    theirs = r.json()["id"]
+    assert theirs != mine
+    r = await w.c.get("/v1/workloads", params={"watch": "true", "timeoutSeconds": 0},
+                      headers=w.auth)
+    ids = [json.loads(line[6:])["id"] for line in r.text.splitlines()
+           if line.startswith("data: ")]
+    assert ids == [mine]
+    r = await w.c.get(f"/v1/workloads/{theirs}", headers=w.auth)
+    assert r.status_code == 404
+    r = await w.c.delete("/v1/clusters/cheap", headers=bob)
+    assert r.status_code == 404
+    listed = [c["name"] for c in (await w.c.get("/v1/clusters", headers=w.auth)).json()[
+        "items"]]
+    assert listed == ["cheap"]
