@@ -261,3 +261,24 @@ async def test_names_watches_and_drains_are_per_tenant(world: World) -> None:
     listed = [c["name"] for c in (await w.c.get("/v1/clusters", headers=w.auth)).json()[
         "items"]]
     assert listed == ["cheap"]
+
+
+async def test_watch_resumes_after_last_event_id_without_the_listing(world: World) -> None:
+    w = world
+    wid = (await _put(w, _nginx(2))).json()["id"]
+    r = await w.c.get("/v1/workloads", params={"watch": "true", "timeoutSeconds": 1},
+                      headers=w.auth)
+    assert "event: ADDED" in r.text
+    async with w.rt.store.unit() as uow:
+        last = await uow.events.last_id()
+    await w.settle()  # placed after `last`
+    r = await w.c.get("/v1/workloads", params={"watch": "true", "timeoutSeconds": 1},
+                      headers={**w.auth, "Last-Event-ID": str(last)})
+    assert "event: ADDED" not in r.text
+    ids = [int(line[4:]) for line in r.text.splitlines() if line.startswith("id: ")]
+    assert ids
+    assert min(ids) > last
+    phases = [json.loads(line[6:])["status"]["phase"] for line in r.text.splitlines()
+              if line.startswith("data: ")]
+    assert "placed" in phases
+    assert wid in r.text
