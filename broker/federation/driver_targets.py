@@ -38,6 +38,7 @@ DEFAULT_NAMESPACE = "skyfed"
 TRUSTED_TENANTS = frozenset({"admin"})
 _K8S_SHORTHAND = ("kubeconfig", "context", "namespace", "in_cluster")
 _K8S_EXTRA = ("max_concurrency", "timeout_s", "watch_timeout_s", "job_backoff_limit")
+_K8S_FLAGS = ("create_namespace",)  # true/false in attrs.kubernetes
 _SIM_KEYS = ("startup_s", "seed", "boot_s", "prewarm_s", "error_rate")
 _EDGE_KEYS = ("site", "command_timeout_s")
 _CAMEL_RE = re.compile(r"(?<=[a-z0-9])([A-Z])")
@@ -134,7 +135,8 @@ def _kubernetes_options(name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(nested, Mapping):
         raise DriverConfigError(name, f"attrs.kubernetes must be an object, got {nested!r}")
     nested = _snake(nested)
-    _refuse_unknown(name, "attrs.kubernetes", nested, _K8S_SHORTHAND + _K8S_EXTRA)
+    _refuse_unknown(name, "attrs.kubernetes", nested,
+                    _K8S_SHORTHAND + _K8S_EXTRA + _K8S_FLAGS)
     merged = {k: attrs[k] for k in _K8S_SHORTHAND if attrs.get(k) is not None} | dict(nested)
     opts: dict[str, Any] = {"namespace": merged.get("namespace", DEFAULT_NAMESPACE),
                             "in_cluster": merged.get("in_cluster", False)}
@@ -157,6 +159,12 @@ def _kubernetes_options(name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
             if value == 0 and key != "job_backoff_limit":
                 raise DriverConfigError(name, f"attrs.kubernetes.{key} must be > 0")
             opts[key] = value if key.endswith("_s") else int(value)
+    for key in _K8S_FLAGS:
+        if key in merged:
+            if not isinstance(merged[key], bool):
+                raise DriverConfigError(name, f"attrs.kubernetes.{key} must be true or false, "
+                                        f"got {merged[key]!r}")
+            opts[key] = merged[key]
     return opts
 
 

@@ -196,6 +196,10 @@ def test_camel_case_attrs_as_the_api_writes_them() -> None:
     assert (t.options["in_cluster"], t.options["timeout_s"], t.options["max_concurrency"],
             t.options["namespace"]) == (True, 3.0, 2, "ml")
     assert isinstance(t.options["max_concurrency"], int)
+    made = target_for(record({"kubeconfig": "/k", "kubernetes": {"createNamespace": True}}))
+    assert made.options["create_namespace"] is True
+    with pytest.raises(DriverConfigError, match=r"create_namespace must be true or false"):
+        target_for(record({"kubeconfig": "/k", "kubernetes": {"createNamespace": "yes"}}))
     sim = target_for(record({"simulated": {"startupS": 0.5}}))
     assert sim.options["startup_s"] == 0.5
 
