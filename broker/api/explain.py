@@ -28,7 +28,7 @@ from starlette.responses import Response
 from broker.api.deps import Auth, RuntimeDep, scope_of
 from broker.api.openapi import answers
 from broker.api.routes import PlacementId
-from broker.api.views import JsonResponse
+from broker.api.views import JsonResponse, tenant_decision
 from broker.errors import NotFoundError, SpecError
 from broker.limits import TEXT_PATTERN
 from broker.store import UnitOfWork
@@ -81,11 +81,7 @@ def redact(out: dict[str, Any], usable: frozenset[str]) -> dict[str, Any]:
     federation, by name, with its price and load) is left out, and SHAP features of
     clusters the tenant may not use are dropped. Its own decision record already names
     only clusters it may use (placement/candidates.py `visible`)."""
-    decision = dict(out["decision"])
-    steering = decision.get("policy_action")
-    if isinstance(steering, Mapping):  # (observation_in: a placement that may be another's)
-        decision["policy_action"] = {k: v for k, v in steering.items()
-                                     if k not in ("observation", "observation_in")}
+    decision = tenant_decision(out["decision"])
     expl = out.get("policyExplanation")
     if isinstance(expl, Mapping) and isinstance(expl.get("outputs"), Mapping):
         outputs = {}

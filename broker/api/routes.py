@@ -32,6 +32,7 @@ from broker.api.views import (
     placement_view,
     site_cluster_view,
     site_view,
+    tenant_decision,
     workload_view,
 )
 from broker.api.watch import stream as watch_stream
@@ -408,7 +409,10 @@ async def get_placement(rt: RuntimeDep, principal: Auth,
                         placement_id: PlacementId) -> Response:
     async with rt.store.unit() as uow:
         rec = await uow.placements.get(placement_id, tenant=scope_of(principal))
-    return JsonResponse(placement_view(rec))
+    view = placement_view(rec)
+    if not principal.is_admin:
+        view["decision"] = tenant_decision(view["decision"])
+    return JsonResponse(view)
 
 
 @router.get("/events", responses=answers(200, 401, 422, 503, ok=PAGE_SCHEMA),

@@ -5,6 +5,7 @@ POST path), the standard library otherwise."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.responses import Response
@@ -183,6 +184,19 @@ def site_view(r: SiteRecord) -> dict[str, Any]:
             "health": str(s.health), "labels": dict(s.labels), "lastSeenS": r.last_seen_s,
             "attrs": dict(r.attrs), "updatedS": r.updated_s, "shared": r.shared,
             "lentTo": list(r.lent_to)}
+
+
+def tenant_decision(decision: Mapping[str, Any]) -> dict[str, Any]:
+    """A decision record as a tenant may see it: without the policy's observation (every
+    cluster of the federation, by name, with its price and load; stored in one placement of
+    each epoch) and without `observation_in` (the id of a placement that may be another
+    tenant's). The rest names only clusters the tenant may use (placement/candidates.py)."""
+    out = dict(decision)
+    steering = out.get("policy_action")
+    if isinstance(steering, Mapping):
+        out["policy_action"] = {k: v for k, v in steering.items()
+                                if k not in ("observation", "observation_in")}
+    return out
 
 
 def placement_view(r: PlacementRecord) -> dict[str, Any]:

@@ -350,3 +350,26 @@ async def test_an_admin_draining_a_private_cluster_tells_its_owner_only(world: W
     alice = (await world.c.get("/v1/events", params=kind, headers=world.alice)).json()["items"]
     assert bob == []
     assert [e["subject"] for e in alice] == ["alice-cheap"]
+
+
+async def test_a_learned_policys_observation_is_not_shown_to_tenants(world: World) -> None:
+    """The epoch's observation (every cluster, by name) is stored in one placement's decision
+    record: the admin sees it, a tenant reading its placement or explain does not."""
+    from broker.federation.placement_loop import make_placement_loop
+    from broker.federation.policy_runtime import install_policy
+
+    await _register(world)
+    await install_policy(world.rt)
+    wid = (await world.c.post("/v1/workloads", json=job("bob-job"), headers=world.bob)
+           ).json()["id"]
+    await make_placement_loop(world.rt).tick()
+    pid = (await world.c.get(f"/v1/workloads/{wid}", headers=world.bob)
+           ).json()["status"]["placementId"]
+    as_admin = (await world.c.get(f"/v1/placements/{pid}", headers=world.admin)).json()
+    assert "alice-cheap" in as_admin["decision"]["policy_action"]["observation"]["names"]
+    for path in (f"/v1/placements/{pid}", f"/v1/placements/{pid}/explain",
+                 f"/v1/placements/{pid}/explain?policy=true"):
+        r = await world.c.get(path, headers=world.bob)
+        assert r.status_code == 200, r.text
+        assert "alice-cheap" not in r.text, path
+        assert "observation" not in r.json()["decision"]["policy_action"]
