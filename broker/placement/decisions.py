@@ -75,6 +75,11 @@ class DecisionConfig:
     migration_min_saving_fraction: float = 0.2
     migration_payback_h: float = 1.0
     migration_overlap_h: float = 0.1
+    # A "better" move must also save at least this much per hour (a restart is not worth
+    # cents), and at most this fraction of the running workloads (at least one) moves for
+    # "better" per epoch: a disruption budget, as Karpenter's default `budgets: nodes: 10%`.
+    migration_min_saving_usd_per_hour: float = 0.05
+    migration_budget_fraction: float = 0.1
 
 
 def backoff_s(attempts: int, cfg: DecisionConfig) -> float:

@@ -22,12 +22,17 @@ in this order of precedence:
    and the saving s = (c(S) - c(o)) * r per hour, it moves only when
 
        s >= migration_min_saving_fraction * c(S) * r   (hysteresis: no flapping)
+       s >= migration_min_saving_usd_per_hour           (a restart is not worth cents)
        s * migration_payback_h >= m(o)                  (the move pays for itself)
+
+   and at most `migration_budget_fraction` of the running workloads (at least one) move for
+   this reason per epoch (a disruption budget, as Karpenter's), largest saving first.
 
 The target is one (cluster, pool) option, not among S, feasible for every hard constraint
 (candidates.py's masks) with room for all r replicas in its free capacity under the policy's
 headroom after this epoch's placements and earlier moves (or nodes the pool can still add:
-`Assignment.new_nodes`); the cheapest such option by c(o) + m(o). Workloads with a spread
+`Assignment.new_nodes`; never for "better": a node bought to save part of a node's price is
+not a saving); the cheapest such option by c(o) + m(o). Workloads with a spread
 constraint, in the pending batch, or without a spec are left alone. Vectorised per rule:
 one candidate build for all workloads any rule selected, no per-(workload, option) loops.
 """
@@ -135,7 +140,8 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     move = np.where(cs.feasible, cfg.migration_overlap_h * cs.usd_per_hour, np.inf)
     index = {(o.cluster.name, o.pool.name): o.index for o in cs.options}
     names = np.array([o.cluster.name for o in cs.options])
-    out = []
+    out: list[Migration] = []
+    better: list[tuple[float, int, int, float]] = []  # (-saving, ask, option, one-off)
     for i, ask in enumerate(asks):
         r = int(cs.replicas[i])
         src = [(index.get((a.cluster, a.pool)), a.replicas) for a in ask.placement.assignments]
@@ -157,21 +163,43 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
             new_cost = float(running[i, j]) * r
             if not _worth(ask.reason, now_cost, new_cost, float(one_off[j]), src_idx, cfg):
                 break  # the cheapest fitting option is not worth it: no dearer one is
-            new_nodes = room.take(i, int(j), r)
-            if new_nodes is None:
-                continue
-            o = cs.options[int(j)]
-            price = float(cs.usd_per_hour[i, j]) * r
-            rtt = float(cs.rtt_ms[i, j])
-            target = Placement(ask.workload.id, (Assignment(
-                o.cluster.name, o.pool.name, o.pool.pricing, r, price, new_nodes),), price,
-                rtt_ms=None if math.isnan(rtt) else rtt,
-                decision={"migration": ask.reason})
-            out.append(Migration(ask.workload.id, ask.placement.assignments, target,
-                                 ask.reason, saving_usd_per_hour=max(0.0, now_cost - new_cost),
-                                 cost_usd=float(one_off[j])))
+            if ask.reason == "better":  # budgeted: decided below, largest saving first
+                if room.take(i, int(j), r, dry=True) != 0:
+                    continue  # a move for a saving uses room there is, never buys nodes
+                better.append((new_cost - now_cost, i, int(j), float(one_off[j])))
+                break
+            m = _move(cs, room, ask, i, int(j), now_cost, float(one_off[j]))
+            if m is not None:
+                out.append(m)
+                break
+    budget = max(1, int(cfg.migration_budget_fraction * len(snapshot.running)))
+    for neg_saving, i, j, one_off_j in sorted(better):
+        if budget <= 0:
             break
+        m = _move(cs, room, asks[i], i, j, float(running[i, j]) * int(cs.replicas[i])
+                  - neg_saving, one_off_j)
+        if m is not None:
+            out.append(m)
+            budget -= 1
     return tuple(out)
+
+
+def _move(cs: CandidateSet, room: _Room, ask: _Ask, i: int, j: int, now_cost: float,
+          one_off: float) -> Migration | None:
+    """The move of `ask` to option j, if j has room for every replica (reserved then)."""
+    r = int(cs.replicas[i])
+    new_nodes = room.take(i, j, r)
+    if new_nodes is None:
+        return None
+    o = cs.options[j]
+    price = float(cs.usd_per_hour[i, j]) * r
+    rtt = float(cs.rtt_ms[i, j])
+    target = Placement(ask.workload.id, (Assignment(
+        o.cluster.name, o.pool.name, o.pool.pricing, r, price, new_nodes),), price,
+        rtt_ms=None if math.isnan(rtt) else rtt, decision={"migration": ask.reason})
+    new_cost = float(cs.compute[i, j] + cs.latency[i, j] + cs.bias[i, j]) * r
+    return Migration(ask.workload.id, ask.placement.assignments, target, ask.reason,
+                     saving_usd_per_hour=max(0.0, now_cost - new_cost), cost_usd=one_off)
 
 
 def _worth(reason: str, now_cost: float, new_cost: float, one_off: float,
@@ -185,6 +213,7 @@ def _worth(reason: str, now_cost: float, new_cost: float, one_off: float,
         return new_cost <= now_cost + 1e-9
     saving = now_cost - new_cost
     return saving >= cfg.migration_min_saving_fraction * now_cost and saving > 1e-12 \
+        and saving >= cfg.migration_min_saving_usd_per_hour - 1e-12 \
         and saving * cfg.migration_payback_h >= one_off - 1e-12
 
 
@@ -206,8 +235,9 @@ class _Room:
                 [p.used.cpu + used[0], p.used.memory_gib + used[1], p.used.gpu + used[2]])
             self.can_add[o.index] = p.can_add_nodes
 
-    def take(self, w: int, o: int, replicas: int) -> int | None:
-        """Reserve `replicas` of workload `w` on option `o`: the nodes to add, None if no room."""
+    def take(self, w: int, o: int, replicas: int, *, dry: bool = False) -> int | None:
+        """Reserve `replicas` of workload `w` on option `o`: the nodes to add, None if no room
+        (`dry`: only say so, reserve nothing)."""
         need = self.cs.demand[w] * replicas
         short = need - self.free[o]
         add = 0
@@ -219,6 +249,8 @@ class _Room:
                 add = max(add, math.ceil(short[r] / per - 1e-9))
         if add > self.can_add[o]:
             return None
+        if dry:
+            return add
         self.free[o] += add * self.node[o] * self.cs.headroom_vec() - need
         self.can_add[o] -= add
         return add

@@ -300,7 +300,9 @@ class Engine:
         if not self.pending and not housekeeping:
             return
         applying.observe_idle(self)
-        snapshot = self.snapshot(running=self._planner_policy() == "lp")
+        # Running services are offered to the migration rules every housekeeping tick (the
+        # live loop offers them every epoch; per 30 s epoch here would double the run time).
+        snapshot = self.snapshot(running=housekeeping and self._planner_policy() == "lp")
         t0 = time.perf_counter()
         plan = self.planner(snapshot, self.action, self.planner_config, self._planner_policy())
         if plan.placements or plan.unplaced:

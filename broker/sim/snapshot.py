@@ -47,8 +47,9 @@ TWIN_MERGE = MergeSettings(inventory_max_age_s=float("inf"), sync_max_age_s=floa
                            hub_max_age_s=float("inf"), screen=False)
 
 
-def pending_workload(ws: WorkloadState) -> Workload:
-    """A workload asking for its still-pending replicas (same id: placements refer to it).
+def pending_workload(ws: WorkloadState, replicas: int | None = None) -> Workload:
+    """A workload asking for its still-pending replicas (same id: placements refer to it);
+    with `replicas`, that many (a running workload as the migration rules see it).
 
     Its run time is the predictor's estimate at submission (realize.py), never the trace's.
     """
@@ -56,7 +57,8 @@ def pending_workload(ws: WorkloadState) -> Workload:
     data = (DataSource(size_gb=ev.data_gb, location=ev.data_region),) if (
         ev.data_gb > 0 and ev.data_region) else ()
     spec = WorkloadSpec(
-        name=ev.id, kind=WorkloadKind(ev.kind), image=f"sim/{ev.id}", replicas=ws.pending,
+        name=ev.id, kind=WorkloadKind(ev.kind), image=f"sim/{ev.id}",
+        replicas=ws.pending if replicas is None else replicas,
         resources=Resources(ev.cpu, ev.memory_gib, ev.gpu), gpu_model=ev.gpu_model,
         user_region=ev.user_region, latency_slo_ms=ev.latency_slo_ms, data=data,
         image_gb=ev.image_gb, duration_s=ev.predicted_duration_s, priority=ev.priority)
@@ -158,10 +160,7 @@ def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
     if not running:
         return replace(snap, capacity_changed_s=engine.capacity_changed_s)
     states = [ws for ws in engine.workloads.values() if movable(ws)]
-    specs = {}
-    for ws in states:
-        w = pending_workload(ws)
-        specs[ws.ev.id] = replace(w, spec=replace(w.spec, replicas=ws.placed))
+    specs = {ws.ev.id: pending_workload(ws, replicas=ws.placed) for ws in states}
     return replace(snap, capacity_changed_s=engine.capacity_changed_s,
                    running=tuple(running_placement(ws) for ws in states), workloads=specs,
                    displaced={ws.ev.id: tuple(ws.displaced) for ws in states if ws.displaced})

@@ -216,13 +216,38 @@ def test_a_failed_over_service_moves_back_home_once_it_is_healthy() -> None:
 
 
 def test_a_move_needs_room_for_every_replica() -> None:
-    w = workload("web", replicas=4, cpu=4)
+    w = replace(workload("web", replicas=4, cpu=4), spec=replace(
+        workload("web", replicas=4, cpu=4).spec, latency_slo_ms=20.0, user_region="users"))
     small = _cluster("b", pool("m5", price=0.1, nodes=1, max_nodes=1))  # 8 vCPU: 2 fit
     snap = _snap((_cluster("a", pool("m5", price=0.4, nodes=2, max_nodes=2,
                                      used=Resources(16, 16))), small),
-                 running=((_running(w, "a", "m5", 0.4), w),))
+                 running=((_running(w, "a", "m5", 0.4), w),),
+                 user_regions=(UserRegion("users", 38.9, -77.4),),
+                 rtt_ms={("users", "a"): 45.0})  # an SLO move may order nodes
     assert plan_epoch(snap, PolicyAction(), CFG).migrations == ()
     grows = replace(snap, clusters=(snap.clusters[0],
                                     _cluster("b", pool("m5", price=0.1, nodes=1, max_nodes=4))))
     [m] = plan_epoch(grows, PolicyAction(), CFG).migrations
+    assert m.reason == "slo"
     assert m.target.assignments[0].new_nodes == 2  # 16 vCPU at 0.9 headroom on 8-vCPU nodes
+    # A move for a saving alone never orders nodes.
+    cheaper = replace(grows, rtt_ms={})
+    assert plan_epoch(cheaper, PolicyAction(), CFG).migrations == ()
+
+
+def test_a_better_move_must_save_a_minimum_per_hour_and_is_budgeted_per_epoch() -> None:
+    cfg = DecisionConfig()
+    # 30 % cheaper but only $0.012/h for one small replica: not worth a restart.
+    tiny = workload("tiny", cpu=0.25, mem=0.5)
+    snap = _snap((_cluster("a", pool("m5", price=0.4)), _cluster("b", pool("m5", price=0.28))),
+                 running=((_running(tiny, "a", "m5", 0.0125), tiny),))
+    assert plan_epoch(snap, PolicyAction(), CFG).migrations == ()
+    # 20 services with a clearly cheaper home: 10 % of them (2) move this epoch, the
+    # largest savings (the most replicas) first.
+    ws = [workload(f"s{i:02d}", replicas=1 + i % 4, cpu=1.0) for i in range(20)]
+    big = (_cluster("a", pool("m5", price=0.8, nodes=20, max_nodes=20)),
+           _cluster("b", pool("m5", price=0.2, nodes=20, max_nodes=20)))
+    moves = plan_epoch(_snap(big, running=tuple((_running(w, "a", "m5", 0.1), w) for w in ws)),
+                       PolicyAction(), CFG).migrations
+    assert len(moves) == max(1, int(cfg.migration_budget_fraction * 20)) == 2
+    assert {m.target.assignments[0].replicas for m in moves} == {4}
