@@ -191,6 +191,11 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                     displaced=displaced)
 
 
+def _idle_nodes(inventory: Mapping[str, InventoryRecord]) -> bool:
+    """Whether any observed node has a scale-in timer running."""
+    return any(n.idle_since_s is not None for rec in inventory.values() for n in rec.nodes)
+
+
 class RunningCache:
     """The active placements and their workloads, each read from the store once.
 
@@ -347,11 +352,13 @@ class SnapshotReader:
                     cache: RunningCache | None = None
                     ) -> tuple[FederationSnapshot, Readings] | None:
         """The placement loop's epoch: the snapshot (with the nodes on order) and what it
-        was merged from. None when nothing is pending and (`idle`) nothing runs either:
-        running work alone still gets epochs, the planner may move it or free its nodes."""
+        was merged from. None when nothing is pending and (`idle`) nothing runs and no
+        observed node is idle: running work alone still gets epochs (the planner may move it
+        or free its nodes), and so do idle nodes (the planner scales them in)."""
         async with store.unit() as uow:
             pending = await uow.workloads.list_pending(limit=batch_max)
-            if not pending and (not idle or not await uow.placements.active_ids()):
+            if not pending and (not idle or not (await uow.placements.active_ids()
+                                                 or _idle_nodes(await uow.inventory.list()))):
                 return None
             r = await read(uow, pending=pending, cache=cache, orders=True)
         snap, bad = merge_screened(self.inputs(r), self.merge_settings)

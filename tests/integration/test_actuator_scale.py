@@ -23,6 +23,7 @@ from broker.domain import (
 from broker.federation.actuator import Actuator
 from broker.federation.decision_log import record_decisions
 from broker.federation.dispatcher import Dispatcher
+from broker.federation.inventory import InventoryPoller
 from broker.federation.placement_loop import PlacementLoop
 from broker.federation.reconciler import Reconciler
 from broker.federation.scaling import scalable_pools
@@ -215,3 +216,53 @@ async def test_a_provider_error_backs_off_then_fails_with_the_error(
         [d] = await uow.decisions.list(kind="scale")
     assert (d.state, d.attempts) == ("failed", 2)
     assert [k for k, _ in await _events(store, "scale.")] == ["scale.failed"]
+
+
+async def test_the_planner_scales_in_nodes_idle_past_the_timer_and_the_actuator_removes_them(
+        store: Store) -> None:  # noqa: F811
+    """Issue 10 item 2: scale-in is the planner's decision (per-node idle timers from the
+    polled inventory), recorded and carried out; not before the timer runs out."""
+    clock = store.clock  # the store's clock: what the snapshot's `now` is
+    assert isinstance(clock, ManualClock)
+    await _setup(store, [_cluster("big", nodes=3)])
+    sim = _driver("big", clock, nodes=3)
+    drivers = {"big": sim}
+    wid = await _submit(store, _web("web", 1))
+    loop = _loop(store, clock, drivers)
+    await loop.tick()
+    await Dispatcher(store, drivers, clock).dispatch_once()
+    await Reconciler(store, drivers, clock).reconcile_once()
+    poller = InventoryPoller(store, drivers, clock)
+    await poller.poll_once()  # two empty nodes: their timers start now
+    clock.advance(300)
+    await poller.poll_once()
+    plan = await loop.tick()
+    assert plan is not None
+    assert plan.scale_in == ()  # 5 minutes idle: not yet
+    clock.advance(301)
+    await poller.poll_once()
+    plan = await loop.tick()
+    assert plan is not None
+    [si] = plan.scale_in
+    busy = [n for n in sim.nodes_of("cpu") if sim.replicas_on(n)]
+    assert (si.cluster, si.pool, si.reason) == ("big", "cpu", "idle")
+    assert sorted(si.nodes) == sorted(set(sim.nodes_of("cpu")) - set(busy))
+    await Actuator(store, drivers, clock).act_once()
+    assert sim.nodes_of("cpu") == busy
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.RUNNING
+
+
+async def test_idle_nodes_of_an_idle_federation_still_get_scaled_in(
+        store: Store) -> None:  # noqa: F811
+    clock = store.clock
+    assert isinstance(clock, ManualClock)
+    await _setup(store, [_cluster("big", nodes=2)])
+    sim = _driver("big", clock, nodes=2)
+    poller = InventoryPoller(store, {"big": sim}, clock)
+    await poller.poll_once()  # nothing pending, nothing runs: the nodes' timers start
+    clock.advance(601)
+    await poller.poll_once()
+    plan = await _loop(store, clock, {"big": sim}).tick()
+    assert plan is not None  # idle nodes wake the planner, though nothing is pending or runs
+    assert [sorted(si.nodes) for si in plan.scale_in] == [["big-cpu-0", "big-cpu-1"]]
