@@ -184,10 +184,17 @@ def federated(cs: CandidateSet, snapshot: FederationSnapshot,
     ledger = Ledger(cs, snapshot)
     weights = dict(static_weights) or capacity_weights(snapshot)
     cluster_of = np.array([ledger.cluster_of[o] for o in range(len(cs.options))], dtype=object)
+    # Karmada keeps a workload's member clusters: an evicted replica is recreated by the
+    # member's own controller where it ran, not divided across the federation again.
+    runs_in = {p.workload_id: {a.cluster for a in p.assignments} for p in snapshot.running}
     for i in arrival_order(cs):
         feas = np.flatnonzero(cs.feasible[i])
         if feas.size == 0:
             continue
+        home = runs_in.get(cs.workloads[i].id)
+        if home:
+            kept = feas[np.isin(cluster_of[feas], list(home))]
+            feas = kept if kept.size else feas
         if cs.workloads[i].spec.data:
             # PropagationPolicy clusterAffinity to where the input data lives (no egress),
             # when such a cluster is feasible: what an operator writes for a data-heavy job.

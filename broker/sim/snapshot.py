@@ -157,10 +157,14 @@ def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
     the running services (`movable`) with their specs and the sites they were evicted from.
     When capacity last grew is the engine's (backoff's "cluster event")."""
     snap = merge(twin_inputs(engine, batch), TWIN_MERGE)
+    # Where the batch's partly placed workloads already run (no spec: never moved), so a
+    # policy can keep a replica's member cluster (baselines.py's Karmada layer).
+    partial = tuple(running_placement(ws) for ws in batch if ws.groups)
     if not running:
-        return replace(snap, capacity_changed_s=engine.capacity_changed_s)
+        return replace(snap, capacity_changed_s=engine.capacity_changed_s, running=partial)
     states = [ws for ws in engine.workloads.values() if movable(ws)]
     specs = {ws.ev.id: pending_workload(ws, replicas=ws.placed) for ws in states}
     return replace(snap, capacity_changed_s=engine.capacity_changed_s,
-                   running=tuple(running_placement(ws) for ws in states), workloads=specs,
+                   running=tuple(running_placement(ws) for ws in states)
+                   + tuple(p for p in partial if p.workload_id not in specs), workloads=specs,
                    displaced={ws.ev.id: tuple(ws.displaced) for ws in states if ws.displaced})

@@ -88,3 +88,21 @@ def test_karmada_residuals_are_drawn_not_all_given_to_the_heaviest_cluster() -> 
     assert firsts == {"a", "b", "c"}
     assert karmada_divide("x", 1, weights) == karmada_divide("x", 1, weights)
     assert sum(n for _, n in karmada_divide("y", 7, weights)) == 7
+
+
+def test_karmada_keeps_a_running_workloads_replicas_in_its_member_clusters() -> None:
+    # An evicted (drained) replica is recreated by the member cluster where it ran, not
+    # divided across the federation again by weight.
+    import dataclasses
+
+    from broker.domain import Assignment, Placement
+
+    big = _cluster("big", pool("m", price=1.0, nodes=12, max_nodes=12, node=NODE4))
+    small = _cluster("small", pool("m", price=1.0, nodes=4, max_nodes=4, node=NODE4))
+    snap = dataclasses.replace(
+        snapshot((workload("web", replicas=1),), clusters=(big, small)),
+        running=(Placement("web", (Assignment("small", "m", PricingModel.ON_DEMAND, 3, 3.0),),
+                           3.0),))
+    for policy in ("traditional", "karpenter"):
+        plan = plan_epoch(snap, FULL, CONFIG, policy=policy)
+        assert _replicas(plan) == {("small", "m"): 1}
