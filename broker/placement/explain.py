@@ -27,13 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from broker.domain import Assignment, FederationSnapshot, Placement, PolicyAction
-from broker.placement.candidates import (
-    CandidateSet,
-    FloatArray,
-    build_candidates,
-    family_masks,
-    may_use,
-)
+from broker.placement.candidates import CandidateSet, FloatArray, build_candidates
+from broker.placement.feasibility import family_masks, may_use
 from broker.placement.ledger import Ledger
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ in this order of precedence:
    tainted for termination: `NodeState.leaving`, the workloads in `NodeState.workloads`).
    Any kind. The target avoids the clusters of those nodes (the migrator drains per cluster).
 2. slo: a service whose user region's RTT to a cluster it runs on (measured first,
-   candidates.RttResolver) is above its `latency_slo_ms`.
+   network.RttResolver) is above its `latency_slo_ms`.
 3. recovered: a service failed over from a cluster (`snapshot.displaced`) that is healthy
    again; the target is on such a cluster, and is taken when its running cost there is no
    higher than where it runs now.
@@ -54,9 +54,10 @@ from broker.domain import (
     Workload,
     WorkloadKind,
 )
-from broker.placement.candidates import CandidateSet, RttResolver, build_candidates
+from broker.placement.candidates import CandidateSet, build_candidates
 from broker.placement.decisions import DecisionConfig
 from broker.placement.kinds import Migration
+from broker.placement.network import RttResolver
 
 Pair = tuple[str, str]
 REASONS = frozenset({"node-loss", "slo", "recovered", "better"})

@@ -9,7 +9,7 @@ policy's observation see the same numbers for the same federation:
 - cluster <-> cluster throughput: the catalog's measured single-VM-pair bandwidth between two
   cloud regions, else `THROUGHPUT_FALLBACK_GBPS`.
 - user region -> cluster RTT and data -> cluster egress: the catalog's, for `provider:region`
-  keys it knows (the planner estimates the rest from coordinates, candidates.RttResolver).
+  keys it knows (the planner estimates the rest from coordinates, RttResolver below).
 
 The catalog is passed in (a loaded `providers.catalog.Catalog` or the twin's fake): lookups
 only, no I/O here.
@@ -21,10 +21,10 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from broker.domain import Cluster, Workload
+from broker.domain import Cluster, FederationSnapshot, Workload
 from providers.base import Region
 from providers.errors import ProviderError
-from providers.geo import estimate_rtt_ms
+from providers.geo import RTT_FLOOR_MS, estimate_rtt_ms
 
 # Where neither end is a cloud region the catalog measured: Skyplane's median inter-region
 # single-VM-pair throughput is a few Gbit/s (Jain et al., NSDI 2023, fig. 2).
@@ -110,3 +110,42 @@ def batch_maps(catalog: NetworkCatalog | None, clusters: Iterable[Cluster],
             with contextlib.suppress(ProviderError):
                 egress[(a, b)] = catalog.egress_usd_per_gb(a, b)
     return rtt, egress
+
+
+class RttResolver:
+    """RTT between a user region and a cluster: measured first, else estimated.
+
+    Measured values (`snapshot.rtt_ms`) are looked up under the user region's
+    name and the cluster's name or `provider:region` key, in both orders.
+    Otherwise the great-circle estimate of providers.geo is used, from the
+    user region's coordinates (a `UserRegion` name, or a `provider:region` key
+    of a cluster with coordinates). None when neither is known.
+    """
+
+    def __init__(self, snapshot: FederationSnapshot) -> None:
+        self._measured = snapshot.rtt_ms
+        self._coords: dict[str, tuple[float, float]] = {
+            u.name: (u.lat, u.lon) for u in snapshot.user_regions}
+        for c in snapshot.clusters:
+            if c.lat is not None and c.lon is not None:
+                self._coords.setdefault(c.region_key, (c.lat, c.lon))
+                self._coords.setdefault(c.name, (c.lat, c.lon))
+        self._cache: dict[tuple[str, str], float | None] = {}
+
+    def rtt_ms(self, user_region: str, cluster: Cluster) -> float | None:
+        key = (user_region, cluster.name)
+        if key not in self._cache:
+            self._cache[key] = self._resolve(user_region, cluster)
+        return self._cache[key]
+
+    def _resolve(self, user_region: str, cluster: Cluster) -> float | None:
+        for other in (cluster.name, cluster.region_key):
+            for pair in ((user_region, other), (other, user_region)):
+                if pair in self._measured:
+                    return float(self._measured[pair])
+        if user_region in (cluster.region_key, cluster.name):
+            return RTT_FLOOR_MS
+        src = self._coords.get(user_region)
+        if src is None or cluster.lat is None or cluster.lon is None:
+            return None
+        return estimate_rtt_ms(src[0], src[1], cluster.lat, cluster.lon)

@@ -86,7 +86,7 @@ class ClusterRepo:
 
     async def usable_names(self, tenant: str) -> frozenset[str]:
         """Names of the clusters and sites `tenant` may place onto: federation-wide ones,
-        its own, and those lent to it (the planner's `candidates.may_use`, read here)."""
+        its own, and those lent to it (the planner's `feasibility.may_use`, read here)."""
         out: set[str] = set()
         for table in (ClusterRow, SiteRow):
             q = select(table.name, table.tenant, table.shared, table.lent_to)

@@ -26,7 +26,7 @@ from broker.domain import (
     WorkloadStatus,
 )
 from broker.federation.inventory import next_nodes
-from broker.placement.candidates import RttResolver
+from broker.placement.network import RttResolver
 from broker.placement.observed import Inventory, ObservedNode, decayed, demand_rate
 from broker.placement.snapshot import (
     HubReading,

@@ -1,0 +1,176 @@
+"""Which (workload, option) pairs are allowed: one W x O mask per family, and tenancy. Pure.
+
+Split from candidates.py (which combines these masks with costs into a CandidateSet); the
+families and what each means are listed in candidates.py's docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from broker.domain import Cluster, FederationSnapshot, PricingModel, Toleration, Workload
+from broker.placement.network import RttResolver
+
+if TYPE_CHECKING:
+    from broker.placement.candidates import BoolArray, FloatArray, Option
+
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
+
+
+def tolerates_all(tolerations: Sequence[Toleration], taints: Sequence[str]) -> bool:
+    """True when every blocking taint (NoSchedule/NoExecute) is tolerated."""
+    for taint in taints:
+        effect = taint.partition(":")[2]
+        if effect not in _BLOCKING_EFFECTS:
+            continue
+        if not any(t.tolerates(taint) for t in tolerations):
+            return False
+    return True
+
+
+def labels_ok(cluster: Cluster, affinity: Mapping[str, str],
+              anti_affinity: Mapping[str, str]) -> bool:
+    """Affinity: all selectors match; anti-affinity: none matches."""
+    if any(cluster.labels.get(k) != v for k, v in affinity.items()):
+        return False
+    return not any(cluster.labels.get(k) == v for k, v in anti_affinity.items())
+
+
+def _running_names_by_cluster(snapshot: FederationSnapshot
+                              ) -> dict[str, set[tuple[str, str]]]:
+    """Cluster -> (tenant, name) of the workloads running there."""
+    by_cluster: dict[str, set[tuple[str, str]]] = {}
+    for placement in snapshot.running:
+        w = snapshot.workloads.get(placement.workload_id)
+        if w is None:
+            continue
+        who = (w.tenant, w.spec.name)
+        for a in placement.assignments:
+            by_cluster.setdefault(a.cluster, set()).add(who)
+    return by_cluster
+
+
+def may_use(tenant: str, cluster: Cluster) -> bool:
+    """A tenant may place onto a federation-wide cluster, or one private to it or lent to it."""
+    return cluster.allowed_tenants is None or tenant in cluster.allowed_tenants
+
+
+def tenancy_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArray:
+    """W x O: True where the workload's tenant may use the option's cluster (`may_use`)."""
+    private = [j for j, o in enumerate(options) if o.cluster.allowed_tenants is not None]
+    if not private or not wls:
+        return np.ones((len(wls), len(options)), dtype=bool)
+    tenants = {t: i for i, t in enumerate(sorted({w.tenant for w in wls}))}
+    table = np.ones((len(tenants), len(options)), dtype=bool)  # one row per tenant
+    for t, i in tenants.items():
+        for j in private:
+            table[i, j] = may_use(t, options[j].cluster)
+    return table[np.array([tenants[w.tenant] for w in wls], dtype=np.int64)]
+
+
+def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
+                  options: Sequence[Option], demand: FloatArray,
+                  node: FloatArray) -> dict[str, BoolArray]:
+    """One W x O boolean mask per family: True = this family allows the pair."""
+    n_w, n_o = len(wls), len(options)
+    ones = np.ones((n_w, n_o), dtype=bool)
+    healthy = np.array([o.cluster.healthy for o in options], dtype=bool)
+    fits = ((demand[:, None, 0] <= node[None, :, 0] + 1e-9)
+            & (demand[:, None, 1] <= node[None, :, 1] + 1e-9)
+            & (demand[:, None, 2] <= node[None, :, 2]))
+    models = {m: i for i, m in enumerate(sorted(
+        {(o.pool.gpu_model or "").lower() for o in options}
+        | {(w.spec.gpu_model or "").lower() for w in wls}))}
+    pool_model = np.array([models[(o.pool.gpu_model or "").lower()] for o in options])
+    want_model = np.array([models[(w.spec.gpu_model or "").lower()] if w.spec.gpu_model
+                           else -1 for w in wls])
+    model_ok = (want_model[:, None] < 0) | (want_model[:, None] == pool_model[None, :])
+    pool_ic = np.array([o.pool.interconnect.rank for o in options])
+    want_ic = np.array([w.spec.interconnect.rank if w.spec.resources.gpu > 1 else 0
+                        for w in wls])
+    ic_ok = want_ic[:, None] <= pool_ic[None, :]
+    free_set = np.array([o.pool.largest_free_gpu_set if (
+        o.pool.can_add_nodes == 0 and o.pool.largest_free_gpu_set > 0) else 1 << 30
+        for o in options])
+    topo_ok = demand[:, None, 2] <= free_set[None, :]
+    spot = np.array([o.pool.pricing is PricingModel.SPOT for o in options], dtype=bool)
+    spot_ok_w = np.array([w.spec.spot_ok for w in wls], dtype=bool)
+    spot_mask = spot_ok_w[:, None] | ~spot[None, :]
+    return {
+        "health": ones & healthy[None, :],
+        "resources": fits,
+        "gpu_model": model_ok,
+        "interconnect": ic_ok,
+        "topology": topo_ok,
+        "latency": _latency_mask(snapshot, wls, options),
+        "taints": _per_cluster_mask(
+            wls, options, lambda w: tuple(w.spec.tolerations),
+            lambda sig, c: tolerates_all(sig, c.taints)),
+        "affinity": _per_cluster_mask(
+            wls, options,
+            lambda w: (tuple(sorted(w.spec.affinity.items())),
+                       tuple(sorted(w.spec.anti_affinity.items())), w.spec.cluster_names),
+            lambda sig, c: labels_ok(c, dict(sig[0]), dict(sig[1]))
+            and (not sig[2] or c.name in sig[2])),
+        "spot": spot_mask,
+        "avoid": _avoid_mask(snapshot, wls, options),
+    }
+
+
+def _per_cluster_mask(wls: Sequence[Workload], options: Sequence[Option],
+                      signature: Callable[[Workload], Any],
+                      check: Callable[[Any, Cluster], bool]) -> BoolArray:
+    """Evaluate `check(signature(w), cluster)` once per distinct signature and cluster."""
+    sigs: dict[Any, int] = {}
+    rows = np.empty(len(wls), dtype=np.int64)
+    for i, w in enumerate(wls):
+        rows[i] = sigs.setdefault(signature(w), len(sigs))
+    table = np.ones((max(len(sigs), 1), len(options)), dtype=bool)
+    verdict: dict[tuple[int, str], bool] = {}
+    for sig, r in sigs.items():
+        for j, o in enumerate(options):
+            key = (r, o.cluster.name)
+            if key not in verdict:
+                verdict[key] = bool(check(sig, o.cluster))
+            table[r, j] = verdict[key]
+    return table[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
+
+
+def _latency_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
+                  options: Sequence[Option]) -> BoolArray:
+    resolver = RttResolver(snapshot)
+    mask = np.ones((len(wls), len(options)), dtype=bool)
+    rows: dict[tuple[str, float], BoolArray] = {}
+    for i, w in enumerate(wls):
+        spec = w.spec
+        if spec.latency_slo_ms is None or spec.user_region is None:
+            continue
+        key = (spec.user_region, spec.latency_slo_ms)
+        if key not in rows:
+            ok = np.zeros(len(options), dtype=bool)
+            for j, o in enumerate(options):
+                rtt = resolver.rtt_ms(spec.user_region, o.cluster)
+                ok[j] = rtt is not None and rtt <= spec.latency_slo_ms + 1e-9
+            rows[key] = ok
+        mask[i] = rows[key]
+    return mask
+
+
+def _avoid_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
+                options: Sequence[Option]) -> BoolArray:
+    mask = np.ones((len(wls), len(options)), dtype=bool)
+    running = _running_names_by_cluster(snapshot)
+    if not running:
+        return mask
+    for i, w in enumerate(wls):
+        # Names of the tenant's own workloads: another tenant's never match (nor show).
+        avoid = {(w.tenant, name) for name in w.spec.avoid_workloads}
+        if not avoid:
+            continue
+        for j, o in enumerate(options):
+            if avoid & running.get(o.cluster.name, set()):
+                mask[i, j] = False
+    return mask
