@@ -29,14 +29,13 @@ import socket
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from edge_agent.config import AgentConfig
 from edge_agent.journal import Journal
 from edge_agent.probe import LoadSampler, probe_all
 from edge_agent.protocol import (
     COUNT_MAX,
-    DEFAULT_PREFIX,
     Ack,
     Command,
     DataItem,
@@ -62,29 +61,7 @@ AGENT_VERSION = "0.1.0"
 NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    site: str
-    host: str = "127.0.0.1"
-    port: int = 1883
-    username: str | None = None
-    password: str | None = None
-    tls: bool = False
-    tls_ca: str | None = None
-    prefix: str = DEFAULT_PREFIX
-    heartbeat_ms: int = 100
-    keepalive_s: int = 5
-    data_dir: Path = Path(".skyfed-edge")
-    peers: tuple[str, ...] = ()  # [SITE=]host:port of peer sites (TCP connect RTT)
-    probes: tuple[str, ...] = ()  # [REGION=]host:port of user probe points (probe.py)
-    probe_every_s: float = 5.0
-    load_every_s: float = 2.0
-    echo_every_s: float = 1.0
-    cache_max_bytes: int = 10 * 1024**3
-    max_concurrent_downloads: int = 2
-    pull_command: str = ""  # e.g. "crictl pull {image}"
-    reconnect_max_s: float = 5.0
-    connect_timeout_s: float = 5.0
+__all__ = ["AgentConfig", "EdgeAgent"]
 
 
 class _SessionLost(Exception):

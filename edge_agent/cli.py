@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(ns: argparse.Namespace) -> Any:
-    from edge_agent.agent import AgentConfig
+    from edge_agent.config import AgentConfig
     from edge_agent.probe import parse_target
 
     url = urlsplit(ns.broker if "://" in ns.broker else f"mqtt://{ns.broker}")

@@ -36,8 +36,6 @@ import json
 import random
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,7 +47,8 @@ from typing import Annotated, Any
 
 import typer
 
-from broker.bench.api import DEFAULT_PG, RawClient, free_port
+from broker.bench.api import DEFAULT_PG, RawClient
+from broker.bench.mosquitto import Mosquitto
 from broker.bench.replicas import DOUBLE_PLACED, ReplicaSet, leader, names_stored, query
 
 SCENARIOS = ("leader_kill", "replica_kill", "pg_loss", "mqtt_restart", "provider_faults")
@@ -77,45 +76,6 @@ class Tally:
     mqtt_recovery_s: list[float] = field(default_factory=list)
     routes_kept: list[bool] = field(default_factory=list)  # per Mosquitto restart
     per_scenario: dict[str, int] = field(default_factory=dict)
-
-
-class Mosquitto:
-    """The bench's own Mosquitto (anonymous, loopback, persistence in its directory)."""
-
-    def __init__(self, work_dir: Path) -> None:
-        self.port = free_port()
-        self.dir = work_dir / "mosquitto"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.conf = self.dir / "mosquitto.conf"
-        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                             f"set_tcp_nodelay true\npersistence true\n"
-                             f"persistence_location {self.dir}/\n")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def launch(self) -> None:
-        self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    async def start(self) -> None:
-        self.launch()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                await asyncio.sleep(0.02)
-        raise RuntimeError("the bench's mosquitto did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
 
 
 async def prepare(url: str, opts: Options) -> str:
