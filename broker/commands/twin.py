@@ -23,7 +23,8 @@ def _fail(msg: str) -> typer.Exit:
 
 def sim(
     scenario: Annotated[Path, typer.Argument(help="scenario.toml (see SCENARIO.md)")],
-    policy: Annotated[str, typer.Option(help="traditional | karpenter | greedy | lp | lp+rl")] = "lp",
+    policy: Annotated[str, typer.Option(
+        help="traditional | karpenter | greedy | lp | lp+rl")] = "lp",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     whatif: Annotated[str | None, typer.Option(
         help='counterfactual, e.g. "cluster=aws-use1:down@3600" (with vs without)')] = None,
