@@ -27,13 +27,36 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 DEFAULT_PG = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+
+
+T = TypeVar("T")
+
+
+def run_bench(main: Coroutine[Any, Any, T], *, as_json: bool) -> T | None:
+    """Run a bench command's coroutine. A broker or set-up failure is one line on stderr and
+    exit 1; with `as_json` the result is printed as JSON and None returned (nothing left to
+    print); otherwise the result is returned for the command's table."""
+    from broker.errors import BrokerError
+
+    try:
+        result = asyncio.run(main)
+    except (BrokerError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    if as_json:
+        typer.echo(json.dumps(result))
+        return None
+    return result
+
+
 BODY: dict[str, Any] = {
     "apiVersion": "skyfed.io/v1", "kind": "Workload",
     "metadata": {"name": "bench-web", "labels": {"app": "bench"}},
@@ -276,19 +299,12 @@ def api(clients: Annotated[int, typer.Option(min=1, help="Concurrent clients.")]
             help="Load generator: raw (lean asyncio HTTP/1.1) or httpx.")] = "raw",
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Submission throughput and latency against a broker it starts (PostgreSQL, SQLite)."""
-    from broker.errors import BrokerError
-
     if client not in ("raw", "httpx"):
         raise typer.BadParameter(f"--client must be raw or httpx, not {client!r}")
-    try:
-        results = asyncio.run(bench(pg_url, backend or ["postgresql", "sqlite"],
-                                    clients=clients, seconds=seconds, warmup_s=warmup_s,
-                                    client=client))
-    except (BrokerError, RuntimeError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
-    if as_json:
-        typer.echo(json.dumps(results))
+    results = run_bench(bench(pg_url, backend or ["postgresql", "sqlite"], clients=clients,
+                              seconds=seconds, warmup_s=warmup_s, client=client),
+                        as_json=as_json)
+    if results is None:
         return
     from rich.console import Console
     from rich.table import Table

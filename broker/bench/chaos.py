@@ -47,7 +47,7 @@ from typing import Annotated, Any
 
 import typer
 
-from broker.bench.api import DEFAULT_PG, RawClient
+from broker.bench.api import DEFAULT_PG, RawClient, run_bench
 from broker.bench.mosquitto import Mosquitto
 from broker.bench.replicas import DOUBLE_PLACED, ReplicaSet, leader, names_stored, query
 
@@ -433,17 +433,10 @@ def chaos(trials: Annotated[int, typer.Option(min=1, max=1000, help="Trials (sce
           = DEFAULT_PG,
           as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Kill -9, PostgreSQL and Mosquitto faults and provider errors against broker replicas."""
-    from broker.errors import BrokerError
-
     opts = Options(trials=trials, replicas=replicas, workloads=workloads,
                    trial_timeout_s=trial_timeout_s, seed=seed)
-    try:
-        result = asyncio.run(run(pg_url, opts))
-    except (BrokerError, RuntimeError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
-    if as_json:
-        typer.echo(json.dumps(result))
+    result = run_bench(run(pg_url, opts), as_json=as_json)
+    if result is None:
         return
     from rich.console import Console
     from rich.table import Table

@@ -39,7 +39,14 @@ from typing import Annotated, Any
 
 import typer
 
-from broker.bench.api import DEFAULT_PG, RawClient, free_port, start_broker, wait_ready
+from broker.bench.api import (
+    DEFAULT_PG,
+    RawClient,
+    free_port,
+    run_bench,
+    start_broker,
+    wait_ready,
+)
 
 SPEC: dict[str, Any] = {"kind": "service", "image": "nginx:1.27", "replicas": 2,
                         "resources": {"cpu": "500m", "memory": "1Gi"}}
@@ -254,18 +261,11 @@ def e2e(clusters: Annotated[int, typer.Option(min=1, max=1000, help="Simulated c
         = DEFAULT_PG,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Submit-to-placed and submit-to-running latency of a broker it starts on PostgreSQL."""
-    from broker.errors import BrokerError
-
     opts = Options(clusters=clusters, workloads=workloads, clients=clients, warmup=warmup,
                    timeout_s=timeout_s, seed=seed, broker_log=broker_log,
                    log_level="INFO" if broker_log else "WARNING")
-    try:
-        result = asyncio.run(run(pg_url, opts))
-    except (BrokerError, RuntimeError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
-    if as_json:
-        typer.echo(json.dumps(result))
+    result = run_bench(run(pg_url, opts), as_json=as_json)
+    if result is None:
         return
     from rich.console import Console
     from rich.table import Table
