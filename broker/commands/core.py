@@ -162,40 +162,62 @@ def submit(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-'
            output: OutputOpt = "table") -> None:
     """Submit workloads, and register clusters and sites (`kind: Cluster` / `kind: Site`
     documents, like `kubectl apply`). Multi-document YAML is fine."""
-    from broker.api.client import ClientError
-
-    out = []
     with _client(config, server, token) as c:
-        for f in files:
-            native: list[Any] = []
-            for i, doc in _documents(f):
-                try:
-                    member = _member_document(doc)
-                    if member is None and is_kubernetes_document(doc):
-                        native.append(doc)  # sent together: workload, companions, policy
-                    elif member is None:
-                        out.append(c.submit(doc))
-                    else:
-                        resource, body = member
-                        out.append({"kind": resource,
-                                    **c.request("POST", f"/v1/{resource}", json=body)})
-                except ClientError as e:
-                    raise fail(f"{f} (document {i}): {e}") from e
-            if native:
-                try:
-                    out.append(c.submit({"apiVersion": "v1", "kind": "List",
-                                         "items": native}))
-                except ClientError as e:
-                    raise fail(f"{f} (Kubernetes manifests): {e}") from e
+        out = send_files(c, files, workload=c.submit,
+                         native=lambda items: c.submit(native_list(items)))
     if output != "table":
         _emit(out, output)
         return
     for w in out:
-        if w.get("kind") in ("clusters", "sites"):
-            typer.echo(f"{w['kind'][:-1]}/{w['name']} registered")
+        if echo_member(w):
             continue
         typer.echo(f"workload/{w['metadata']['name']} submitted: {w['id']} "
                    f"({w['status']['phase']})")
+
+
+def native_list(items: list[Any]) -> dict[str, Any]:
+    """A file's Kubernetes manifests as one request body (workload, companions, policy)."""
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+def send_files(c: BrokerClient, files: list[str], *,
+               workload: Callable[[Any], dict[str, Any]],
+               native: Callable[[list[Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Send every document of `files`: clusters and sites are registered, a skyfed
+    `Workload` goes to `workload`, a file's Kubernetes manifests together to `native`.
+    The answers in order; the first refusal fails naming the file and document."""
+    from broker.api.client import ClientError
+
+    out: list[dict[str, Any]] = []
+    for f in files:
+        manifests: list[Any] = []
+        for i, doc in _documents(f):
+            try:
+                member = _member_document(doc)
+                if member is None and is_kubernetes_document(doc):
+                    manifests.append(doc)
+                elif member is None:
+                    out.append(workload(doc))
+                else:
+                    resource, body = member
+                    out.append({"kind": resource,
+                                **c.request("POST", f"/v1/{resource}", json=body)})
+            except ClientError as e:
+                raise fail(f"{f} (document {i}): {e}") from e
+        if manifests:
+            try:
+                out.append(native(manifests))
+            except ClientError as e:
+                raise fail(f"{f} (Kubernetes manifests): {e}") from e
+    return out
+
+
+def echo_member(answer: dict[str, Any]) -> bool:
+    """Print a registered cluster or site's line; False when the answer is a workload."""
+    if answer.get("kind") not in ("clusters", "sites"):
+        return False
+    typer.echo(f"{answer['kind'][:-1]}/{answer['name']} registered")
+    return True
 
 
 def is_kubernetes_document(doc: Any) -> bool:

@@ -14,11 +14,11 @@ from broker.commands.core import (
     ServerOpt,
     TokenOpt,
     _client,
-    _documents,
     _emit,
-    _member_document,
+    echo_member,
     fail,
-    is_kubernetes_document,
+    native_list,
+    send_files,
 )
 
 if TYPE_CHECKING:
@@ -41,39 +41,18 @@ def apply(files: Annotated[list[str], typer.Argument(help="YAML/JSON files ('-':
           output: OutputOpt = "table") -> None:
     """Create or change workloads by name (and register clusters and sites): a changed
     replica count scales the same workload, a changed spec rolls it out."""
-    from broker.api.client import ClientError
-
-    out = []
     with _client(config, server, token) as c:
-        for f in files:
-            native: list[Any] = []
-            for i, doc in _documents(f):
-                try:
-                    member = _member_document(doc)
-                    if member is not None:
-                        resource, body = member
-                        out.append({"kind": resource,
-                                    **c.request("POST", f"/v1/{resource}", json=body)})
-                    elif is_kubernetes_document(doc):
-                        native.append(doc)
-                    else:
-                        name = (doc.get("metadata") or {}).get("name") \
-                            if isinstance(doc, dict) else None
-                        out.append(c.apply(str(name or ""), doc))
-                except ClientError as e:
-                    raise fail(f"{f} (document {i}): {e}") from e
-            if native:
-                try:
-                    out.append(c.apply(_workload_name(native),
-                                       {"apiVersion": "v1", "kind": "List", "items": native}))
-                except ClientError as e:
-                    raise fail(f"{f} (Kubernetes manifests): {e}") from e
+        def by_name(doc: Any) -> Any:
+            name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
+            return c.apply(str(name or ""), doc)
+
+        out = send_files(c, files, workload=by_name,
+                         native=lambda items: c.apply(_workload_name(items), native_list(items)))
     if output != "table":
         _emit(out, output)
         return
     for w in out:
-        if w.get("kind") in ("clusters", "sites"):
-            typer.echo(f"{w['kind'][:-1]}/{w['name']} registered")
+        if echo_member(w):
             continue
         verb = {"created": "created", "unchanged": "unchanged"}.get(w.get("change", ""),
                                                                     "configured")
