@@ -1,4 +1,4 @@
-"""`skyfed sim`, `skyfed train`, `skyfed policy rules`: the digital twin's commands.
+"""`skyfed sim`, `skyfed train`, `skyfed policy rules|leverage`: the digital twin's commands.
 
 Heavy imports (torch, HiGHS, the catalog) happen inside the command functions so that
 `skyfed --help` stays fast.
@@ -150,8 +150,48 @@ def rules(
         console.print(info["rules"])
 
 
+@policy_app.command("leverage")
+def leverage(
+    scenario: Annotated[Path, typer.Option(help="scenario.toml to replay (see SCENARIO.md)")],
+    checkpoint: Annotated[str | None, typer.Option(
+        help="policy checkpoint (default: the shipped one)")] = None,
+    decision_interval_s: Annotated[float, typer.Option(
+        min=1.0, max=86400.0, help="seconds between the policy's decisions (as bench twin)")
+    ] = 300.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Replay a scenario with the policy's mean action: how far its actions spread, and in
+    what fraction of epochs they change a decision against the fixed weights."""
+    from broker.sim.explain import leverage as measure
+    from broker.sim.runner import load_model, stdout_to_stderr
+    from broker.sim.scenario import ScenarioError, load_scenario
+    from providers.catalog import Catalog
+
+    model = load_model(checkpoint)
+    if model is None:
+        raise _fail("no policy checkpoint: the fixed weights have no leverage to measure")
+    catalog = Catalog.load()
+    try:
+        scn = load_scenario(scenario, catalog)
+    except (ScenarioError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    with stdout_to_stderr(as_json):
+        result = measure(model, scn, catalog, decision_interval_s=decision_interval_s)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    console = Console()
+    console.print(f"[bold]{scn.name}[/]: {result['states']} visited states, "
+                  f"{result['epochs']} epochs, decisions changed in "
+                  f"{float(result['decisions_changed_frac']):.1%} of epochs")  # type: ignore[arg-type]
+    spread = result["action_spread"]
+    if isinstance(spread, dict):
+        for name, (lo, hi) in spread.items():
+            console.print(f"  {name}: {lo} .. {hi}")
+
+
 def register(app: typer.Typer) -> None:
     """Mount this module's commands on the root app."""
     app.command("sim")(sim)
     app.command("train")(train)
-    app.add_typer(policy_app, name="policy", help="The RL policy: surrogate rules.")
+    app.add_typer(policy_app, name="policy", help="The RL policy: surrogate rules, leverage.")

@@ -1,4 +1,6 @@
-"""`skyfed policy rules`: a shallow decision-tree surrogate of the policy, with its fidelity.
+"""`skyfed policy rules` and `skyfed policy leverage`: what the policy does, and whether it matters.
+
+`policy rules`: a shallow decision-tree surrogate of the policy, with its fidelity.
 
 Why a surrogate: the GNN is not readable; a depth-3 tree fitted to its outputs over states the
 policy actually visited is, and its held-out R^2 says how far the rules can be trusted (the
@@ -11,10 +13,13 @@ with the `explain` extra's shap); `xgboost_fidelity` reports a shallow XGBoost f
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable
 from pathlib import Path
 
 import numpy as np
 
+from broker.domain import FederationSnapshot, PolicyAction
+from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.policy import (
     BATCH_FEATURES,
     BIAS_MAX_USD_PER_HOUR,
@@ -23,12 +28,13 @@ from broker.placement.policy import (
     LEAD_MAX_S,
     NODE_FEATURES,
     ActorCritic,
+    FixedPolicy,
     GraphObs,
 )
 from broker.sim.controller import PolicyController
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.randomize import random_draft
-from broker.sim.scenario import load_scenario
+from broker.sim.scenario import CatalogLike, Scenario, load_scenario
 from providers.catalog import Catalog
 
 
@@ -129,3 +135,88 @@ def xgboost_fidelity(xtr: np.ndarray, ytr: np.ndarray, xte: np.ndarray, yte: np.
                                random_state=seed, n_jobs=1)
     reg.fit(xtr, ytr)
     return round(_r2(yte, np.asarray(reg.predict(xte))), 4)
+
+
+# ------------------------------------------------------------------ leverage
+
+
+def decisions_of(plan: EpochPlan) -> tuple[Hashable, ...]:
+    """What an epoch decided, as a comparable value: placements (workload -> cluster, pool,
+    pricing, replicas), what stayed unplaced, pool scale-ups, scale-ins, node prewarms and
+    migrations (workload -> target). Prices, records and solve statistics are left out: a
+    different number with the same decisions is the same decision."""
+    return (
+        tuple(sorted((p.workload_id, tuple(sorted(
+            (a.cluster, a.pool, a.pricing.value, a.replicas) for a in p.assignments)))
+            for p in plan.placements)),
+        tuple(sorted(plan.unplaced)),
+        tuple(sorted((s.cluster, s.pool, s.add_nodes) for s in plan.scale if s.add_nodes)),
+        tuple(sorted((s.cluster, s.pool, tuple(sorted(s.nodes)), s.reason)
+                     for s in plan.scale_in)),
+        tuple(sorted((p.cluster, p.pool, p.nodes) for p in plan.prewarm if p.nodes > 0)),
+        tuple(sorted((m.workload_id, m.reason, tuple(sorted(
+            (a.cluster, a.pool, a.pricing.value, a.replicas) for a in m.target.assignments)))
+            for m in plan.migrations)),
+    )
+
+
+def action_values(action: PolicyAction) -> dict[str, list[float]]:
+    """Every number of a PolicyAction by field name (a per-cluster map gives all its values)."""
+    out: dict[str, list[float]] = {}
+    for name in action.__dataclass_fields__:
+        v = getattr(action, name)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out[name] = [float(v)]
+        elif hasattr(v, "values"):
+            out[name] = [float(x) for x in v.values()]
+    return out
+
+
+class LeverageProbe:
+    """The planner the engine calls during `leverage`: plans each snapshot twice, with the
+    policy's action (the plan the twin carries out) and with the fixed weights (a
+    counterfactual on the same snapshot), and counts the epochs whose decisions differ."""
+
+    def __init__(self, fixed: PolicyAction) -> None:
+        self.fixed = fixed
+        self.epochs = 0
+        self.changed = 0
+
+    def __call__(self, snapshot: FederationSnapshot, action: PolicyAction,
+                 config: PlannerConfig, policy: str) -> EpochPlan:
+        plan = plan_epoch(snapshot, action, config, policy=policy)
+        self.epochs += 1
+        if action != self.fixed:
+            base = plan_epoch(snapshot, self.fixed, config, policy=policy)
+            self.changed += decisions_of(plan) != decisions_of(base)
+        return plan
+
+
+def leverage(model: ActorCritic, scenario: Scenario, catalog: CatalogLike | None, *,
+             decision_interval_s: float = 300.0) -> dict[str, object]:
+    """`skyfed policy leverage`: replay `scenario` under lp+rl with the model's mean action.
+
+    Returns {"states": visited states, "action_spread": {field: [min, max]} over every
+    visited state's action, "decisions_changed_frac": epochs (planner calls) whose placement,
+    scale, scale-in, prewarm or migration decisions differ from the fixed weights' plan of the
+    same snapshot / epochs, "epochs": epochs}. The replay follows the policy's plans; the
+    fixed plan is only compared. Decision cadence as `bench twin` runs lp+rl (SimConfig's).
+    """
+    ctl = PolicyController(model)
+    fixed = FixedPolicy().action
+    probe = LeverageProbe(fixed)
+    Engine(scenario, catalog, SimConfig(policy="lp+rl", decision_interval_s=decision_interval_s,
+                                        fixed_action=fixed),
+           planner=probe, controller=ctl).run()
+    spread: dict[str, list[float]] = {}
+    for obs in ctl.visited:
+        for name, vals in action_values(model.act(obs).action).items():
+            if not vals:
+                continue
+            lo, hi = spread.get(name, [min(vals), max(vals)])
+            spread[name] = [min(lo, *vals), max(hi, *vals)]
+    return {"states": len(ctl.visited),
+            "action_spread": {k: [round(lo, 4), round(hi, 4)] for k, (lo, hi) in spread.items()},
+            "decisions_changed_frac": round(probe.changed / probe.epochs, 4) if probe.epochs
+            else 0.0,
+            "epochs": probe.epochs}

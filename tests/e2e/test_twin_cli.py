@@ -111,3 +111,19 @@ def test_bench_twin_unknown_policy_lists_the_known_ones(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "unknown kubeflow" in out.stderr
     assert "known policies: traditional, karpenter, greedy, lp, lp+rl" in out.stderr
+
+
+def test_policy_leverage_json(tmp_path: Path) -> None:
+    scn = tiny(tmp_path)
+    out = skyfed("policy", "leverage", "--scenario", str(scn), "--json",
+                 "--decision-interval-s", "120")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert {"states", "action_spread", "decisions_changed_frac"} <= set(doc)
+    assert 0 < doc["states"] <= 15  # at most one decision per 120 s of 1800 s
+    assert 0.0 <= doc["decisions_changed_frac"] <= 1.0
+    for name in ("headroom", "prewarm_lead_s", "cluster_bias_usd_per_hour"):
+        lo, hi = doc["action_spread"][name]
+        assert lo <= hi
+    out = skyfed("policy", "leverage", "--scenario", str(tmp_path / "nope.toml"), "--json")
+    assert out.returncode == 2
