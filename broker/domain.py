@@ -123,6 +123,29 @@ class Spread:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterWeight:
+    """One entry of a Karmada static weight list (`weightPreference.staticWeightList`): the
+    member clusters its `targetCluster` selects and their weight (a positive integer).
+
+    A cluster matches as in Karmada's `util.ClusterMatches` (pkg/util/selector.go): not in
+    `exclude`, carrying every `match_labels` label, and named in `cluster_names` when that
+    is not empty (an entry with none of the three matches every cluster).
+    """
+
+    weight: int
+    cluster_names: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+
+    def matches(self, cluster: Cluster) -> bool:
+        if cluster.name in self.exclude:
+            return False
+        if any(cluster.labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        return not self.cluster_names or cluster.name in self.cluster_names
+
+
+@dataclass(frozen=True, slots=True)
 class NativeObjects:
     """A workload submitted as Kubernetes manifests (broker/api/manifests.py), kept so the
     Kubernetes driver applies what the user wrote, not a bare rendering of the spec.
@@ -170,6 +193,9 @@ class WorkloadSpec:
     # Only these member clusters (a PlacementPolicy's clusterAffinity.clusterNames); empty: any.
     cluster_names: tuple[str, ...] = ()
     native: NativeObjects | None = None  # the Kubernetes manifests it came from, if any
+    # A PlacementPolicy's `replicaSplit: weighted`: replicas divided over the feasible member
+    # clusters by these static weights (placement/weighted.py), not by cost; empty: cost.
+    replica_weights: tuple[ClusterWeight, ...] = ()
 
     @property
     def total(self) -> Resources:

@@ -60,6 +60,13 @@ def spec_to_api(s: WorkloadSpec) -> dict[str, Any]:
     }
     if s.cluster_names:
         out["clusterNames"] = list(s.cluster_names)
+    if s.replica_weights:
+        # The PlacementPolicy's staticWeightList as accepted (Karmada's field names).
+        out["replicaSplit"] = "weighted"
+        out["staticWeightList"] = [
+            {"targetCluster": {"clusterNames": list(e.cluster_names), "exclude": list(e.exclude),
+                               "labelSelector": {"matchLabels": dict(e.match_labels)}},
+             "weight": e.weight} for e in s.replica_weights]
     if s.native is not None:
         # Kinds and names only: a Secret's data (and any other object body) is never echoed.
         out["objects"] = [_object_ref(o) for o in (s.native.workload, *s.native.companions)]

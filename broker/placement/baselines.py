@@ -8,7 +8,8 @@ Each copies a named system at its documented default (docs/twin.md, "Baselines")
   (priority, then arrival order); all of a workload's replicas go to the cheapest option
   (own compute + egress) that can hold them all; none can: it is not placed this epoch
   (the seed returns no quote). Workloads whose spread asks for several domains cannot sit on
-  one option: for them the cheapest options are filled in order.
+  one option: for them the cheapest options are filled in order. So are weighted workloads
+  (`replicaSplit: weighted`): the Ledger holds each cluster to its share.
 - `traditional`: Karmada + kube-scheduler + Cluster Autoscaler at their defaults.
   Karmada `replicaScheduling: Divided` with `weightPreference.staticWeightList` weights
   proportional to cluster capacity (`capacity_weights`: vCPU at max_nodes), residual
@@ -22,7 +23,10 @@ Each copies a named system at its documented default (docs/twin.md, "Baselines")
   pending pods are placed, expander/waste/waste.go). No cost model. A workload with input
   data is kept to the clusters where its data lives (no egress) when one is feasible: the
   PropagationPolicy `clusterAffinity` an operator writes for a data-heavy job (without it,
-  static weights ship every job's data across regions).
+  static weights ship every job's data across regions). A workload whose PlacementPolicy
+  says `replicaSplit: weighted` brings its own static weights: its shares
+  (`CandidateSet.targets`, weighted.py, Karmada's Webster division) replace the capacity
+  weights, the data-locality and kept-member-cluster rules (a user's weights win).
 - `karpenter`: Karmada's division as above, kube-scheduler scoring for existing room, and
   Karpenter v1 provisioning for the pods left pending: the instance type (pool) with the
   lowest price per pod for the pending batch, over spot and on-demand (Karpenter's default
@@ -63,7 +67,7 @@ def greedy(cs: CandidateSet, snapshot: FederationSnapshot) -> Ledger:
         order = np.argsort(row, kind="stable")
         order = order[np.isfinite(row[order])]
         spec = cs.workloads[i].spec
-        if spec.spread is not None and spec.spread.min_domains > 1:
+        if (spec.spread is not None and spec.spread.min_domains > 1) or cs.target(i):
             ledger.fill(i, order)
         else:
             want = int(cs.replicas[i])
@@ -191,17 +195,7 @@ def federated(cs: CandidateSet, snapshot: FederationSnapshot,
         feas = np.flatnonzero(cs.feasible[i])
         if feas.size == 0:
             continue
-        home = runs_in.get(cs.workloads[i].id)
-        if home:
-            kept = feas[np.isin(cluster_of[feas], list(home))]
-            feas = kept if kept.size else feas
-        if cs.workloads[i].spec.data:
-            # PropagationPolicy clusterAffinity to where the input data lives (no egress),
-            # when such a cluster is feasible: what an operator writes for a data-heavy job.
-            local = feas[cs.egress[i, feas] <= 1e-12]
-            feas = local if local.size else feas
-        members = {str(c): weights.get(str(c), 0.0) for c in set(cluster_of[feas])}
-        for cname, share in karmada_divide(cs.workloads[i].id, int(cs.replicas[i]), members):
+        for cname, share in _division(cs, i, feas, cluster_of, runs_in, weights):
             opts = feas[cluster_of[feas] == cname]
             left = share - _schedule_existing(ledger, i, opts, share)
             if left <= 0:
@@ -216,6 +210,26 @@ def federated(cs: CandidateSet, snapshot: FederationSnapshot,
         if not ledger.spread_ok(i):
             ledger.remove(i)
     return ledger
+
+
+def _division(cs: CandidateSet, i: int, feas: np.ndarray, cluster_of: np.ndarray,
+              runs_in: Mapping[str, set[str]],
+              weights: Mapping[str, float]) -> list[tuple[str, int]]:
+    """Replicas per member cluster for workload i: its own weighted shares, else Karmada's
+    division by the static (capacity) weights over the clusters the rules keep."""
+    if cs.target(i):
+        return sorted(cs.target(i).items())
+    home = runs_in.get(cs.workloads[i].id)
+    if home:
+        kept = feas[np.isin(cluster_of[feas], list(home))]
+        feas = kept if kept.size else feas
+    if cs.workloads[i].spec.data:
+        # PropagationPolicy clusterAffinity to where the input data lives (no egress),
+        # when such a cluster is feasible: what an operator writes for a data-heavy job.
+        local = feas[cs.egress[i, feas] <= 1e-12]
+        feas = local if local.size else feas
+    members = {str(c): weights.get(str(c), 0.0) for c in set(cluster_of[feas])}
+    return karmada_divide(cs.workloads[i].id, int(cs.replicas[i]), members)
 
 
 def traditional(cs: CandidateSet, snapshot: FederationSnapshot,

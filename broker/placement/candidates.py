@@ -13,14 +13,17 @@ of W workloads and O options this module computes, vectorised with numpy:
   no node and its largest free NVLink-connected set is too small), `latency`
   (RTT(user region, cluster) above the SLO, or unknown), `taints`, `affinity`
   (cluster label selectors), `spot` (spot pool, workload not spot_ok),
-  `avoid` (a workload it must avoid already runs in that cluster).
+  `avoid` (a workload it must avoid already runs in that cluster); for a workload with
+  `replicaSplit: weighted`, `weighted` counts the options of feasible clusters that get no
+  share (weighted.py: not on the weight list).
 - `cost[w, o]`: objective per replica in USD, the sum of
   `compute` = node price x dominant resource share x expected hours,
   `egress` = data GB x USD/GB to the option's region / replicas,
   `latency` = latency weight (USD/ms) x RTT, and
   `bias` = the policy's cluster bias (USD/h) x expected hours.
 - `cand[w]`: the k cheapest feasible options (plus the cheapest per spread
-  domain), the LP's columns.
+  domain, and the k cheapest of each cluster with a weighted share), the LP's columns.
+- `targets[w]`: replicas per cluster of a weighted workload (weighted.py), {} otherwise.
 - `visible[w, o]`: the workload's tenant may use the option's cluster
   (`Cluster.allowed_tenants`: federation-wide, or private to the tenant, or lent
   to it). An invisible option is infeasible and is not counted anywhere a
@@ -53,6 +56,7 @@ from broker.domain import (
 )
 from broker.placement.feasibility import family_masks, tenancy_mask
 from broker.placement.network import RttResolver
+from broker.placement.weighted import targets as weighted_targets
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -114,6 +118,12 @@ class CandidateSet:
     infeasible_counts: tuple[Mapping[str, int], ...]  # per workload: family -> options ruled out
     domain: tuple[tuple[str, ...], ...]  # per workload: spread domain key of every option
     visible: BoolArray | None = None  # W x O: the tenant may use the cluster (None: all)
+    # Per workload: fixed replicas per cluster of `replicaSplit: weighted` ({}: cost split).
+    targets: tuple[Mapping[str, int], ...] = ()
+
+    def target(self, w: int) -> Mapping[str, int]:
+        """Workload w's weighted shares by cluster; {} when the LP divides by cost."""
+        return self.targets[w] if self.targets else {}
 
     def options_visible(self, w: int) -> int:
         """How many options workload w's tenant may see (its decision record's count)."""
@@ -193,8 +203,12 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         feasible &= m
     ruled_out = np.stack([(visible & ~masks[f]).sum(axis=1) for f in FAMILIES], axis=1) \
         if n_w else np.zeros((0, len(FAMILIES)), dtype=np.int64)
+    targets, in_share = weighted_targets(wls, [o.cluster for o in options], feasible)
+    no_share = (feasible & ~in_share).sum(axis=1)
     counts = tuple({FAMILIES[j]: int(row[j]) for j in np.flatnonzero(row)}
-                   for row in ruled_out)
+                   | ({"weighted": int(no_share[i])} if no_share[i] else {})
+                   for i, row in enumerate(ruled_out))
+    feasible &= in_share
     parts = _costs(snapshot, action, wls, options, clusters, demand, node,
                    service_horizon_h, site_cost_fraction)
     compute, egress, latency, bias, usdh, rtt = parts
@@ -203,12 +217,13 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
         tuple(() for _ in wls)
-    cand = _prune(wls, cost, k, domains)
+    cand = _prune(wls, cost, k, domains, targets, options)
     return CandidateSet(
         workloads=wls, options=options, headroom=min(max(action.headroom, 0.0), 1.0),
         demand=demand, replicas=replicas, feasible=feasible, cost=cost, compute=compute,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
-        cand=cand, infeasible_counts=counts, domain=domains, visible=visible)
+        cand=cand, infeasible_counts=counts, domain=domains, visible=visible,
+        targets=targets)
 
 
 def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Workload],
@@ -271,8 +286,10 @@ def _egress(snapshot: FederationSnapshot, wls: Sequence[Workload],
 
 
 def _prune(wls: Sequence[Workload], cost: FloatArray, k: int,
-           domains: Sequence[Sequence[str]]) -> tuple[IntArray, ...]:
-    """Keep each workload's k cheapest feasible options (+ best per spread domain)."""
+           domains: Sequence[Sequence[str]], targets: Sequence[Mapping[str, int]] = (),
+           options: Sequence[Option] = ()) -> tuple[IntArray, ...]:
+    """Keep each workload's k cheapest feasible options (+ best per spread domain, + the k
+    cheapest of every cluster with a weighted share: each share needs its columns)."""
     n_w, n_o = cost.shape
     if n_o == 0:
         return tuple(np.zeros(0, dtype=np.int64) for _ in range(n_w))
@@ -288,6 +305,12 @@ def _prune(wls: Sequence[Workload], cost: FloatArray, k: int,
         if spread is not None and spread.min_domains > 1:
             idx = np.union1d(idx, _best_per_domain(cost[i], domains[i],
                                                    2 * spread.min_domains + 2))
+        if targets and targets[i]:
+            names = np.array([o.cluster.name for o in options], dtype=object)
+            for cname in targets[i]:
+                in_c = np.flatnonzero((names == cname) & np.isfinite(cost[i]))
+                best = in_c[np.argsort(cost[i, in_c], kind="stable")[:kk]]
+                idx = np.union1d(idx, best)
         idx = idx[np.argsort(cost[i, idx], kind="stable")]
         out.append(idx.astype(np.int64))
     return tuple(out)

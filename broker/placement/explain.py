@@ -57,6 +57,9 @@ def why_not(ledger: Ledger, w: int, o: int) -> str:
     cname = ledger.cluster_of[o]
     if any(cname in ledger.clusters_of_w[j] for j in ledger.conflicts[w]):
         return "anti-affinity"
+    share = cs.target(w)
+    if share and ledger.clusters_of_w[w].get(cname, 0) >= share.get(cname, 0):
+        return "weighted"
     if spec.spread is not None and spec.spread.max_domains is not None and cs.domain[w]:
         dom = cs.domain[w][o]
         if dom not in ledger.domains[w] and len(ledger.domains[w]) >= spec.spread.max_domains:
@@ -87,6 +90,8 @@ def unplaced_reason(ledger: Ledger, w: int) -> str:
         parts = ", ".join(f"{fam} ruled out {n}" for fam, n in
                           sorted(counts.items(), key=lambda kv: -kv[1]))
         return f"infeasible: no option passes every constraint of {seen} ({parts})"
+    if cs.target(w):
+        return _weighted_reason(ledger, w)
     fams: dict[str, int] = {}
     for o in cs.cand[w]:
         fam = why_not(ledger, w, int(o))
@@ -96,6 +101,27 @@ def unplaced_reason(ledger: Ledger, w: int) -> str:
         fams["spread"] = fams.get("spread", 0) + 1
     fam, n = max(fams.items(), key=lambda kv: kv[1])
     return f"{fam}: binds on {n} of {cs.cand[w].size} candidate options"
+
+
+def _weighted_reason(ledger: Ledger, w: int) -> str:
+    """Why a weighted workload's shares are short: per cluster, its share, what it got and
+    the family that keeps more off its candidate options (weighted.py: a share is never
+    moved to another cluster, as Karmada binds it to its cluster)."""
+    cs = ledger.cs
+    short = []
+    for cname, share in sorted(cs.target(w).items()):
+        got = ledger.clusters_of_w[w].get(cname, 0)
+        if got >= share:
+            continue
+        fams: dict[str, int] = {}
+        for o in cs.cand[w]:
+            if ledger.cluster_of[int(o)] == cname:
+                fam = why_not(ledger, w, int(o))
+                fams[fam] = fams.get(fam, 0) + 1
+        fam = max(fams.items(), key=lambda kv: kv[1])[0] if fams else "infeasible"
+        short.append(f"{cname} holds {got} of its {share} ({fam})")
+    return ("weighted: " + "; ".join(short) + "; a weighted share stays on its cluster") \
+        if short else "weighted: every share placed"
 
 
 def binding_index(model: lp.Model | None, relax: lp.Relaxation | None) -> dict[int, list[int]]:

@@ -9,7 +9,9 @@ Every policy (LP repair, greedy, traditional) places replicas through a
   (`candidates.quota_headroom`, a stale quota counts at a fraction);
 - tenant and per-workload budgets in USD/h;
 - spread: at most `max_domains` domains;
-- anti-affinity between workloads of the batch (`avoid_workloads`).
+- anti-affinity between workloads of the batch (`avoid_workloads`);
+- weighted shares: at most `CandidateSet.target(w)[c]` replicas of w in cluster c
+  (`replicaSplit: weighted`, weighted.py), so no policy moves a share elsewhere.
 
 `min_domains` is checked by `spread_ok` after filling (all-or-nothing).
 """
@@ -184,6 +186,9 @@ class Ledger:
         cname = self.cluster_of[o]
         if any(cname in self.clusters_of_w[j] for j in self.conflicts[i]):
             return 0
+        share = cs.target(i)
+        if share:
+            m = min(m, share.get(cname, 0) - self.clusters_of_w[i].get(cname, 0))
         return max(0, m)
 
     # -- updates ---------------------------------------------------------------

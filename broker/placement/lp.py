@@ -18,7 +18,8 @@ p_{w,o} USD/h per replica; B_t tenant budget; B_w workload budget.
 Variables: x_{w,o} ∈ Z≥0 replicas of w on o (o ∈ C(w)); u_w ∈ [0, R_w] unplaced;
 n_o ∈ Z, 0 ≤ n_o ≤ A_o new nodes; y_{w,d} ∈ {0,1} w uses domain d (only for
 workloads with spread or anti-affinity); m_w = min(min_domains, R_w),
-M_w = max_domains.
+M_w = max_domains; T_{w,c} the fixed share of cluster c of a `replicaSplit: weighted`
+workload (weighted.py; clusters without one are infeasible for w).
 
     min  Σ_w Σ_{o∈C(w)} c_{w,o} x_{w,o} + Σ_w P_w u_w + ε Σ_o n_o
     s.t. Σ_{o∈C(w)} x_{w,o} + u_w = R_w                          ∀w      (demand)
@@ -31,6 +32,7 @@ M_w = max_domains.
          R_w Σ_d y_{w,d} + m_w u_w ≥ m_w R_w                       ∀w      (spread min)
          Σ_d y_{w,d} ≤ M_w                                         ∀w      (spread max)
          y_{a,c} + y_{b,c} ≤ 1                     ∀ a avoids b, c cluster (anti-affinity)
+         Σ_{o∈C(w): cl(o)=c} x_{w,o} ≤ T_{w,c}            ∀w weighted, c   (weighted)
 
 The slack u makes the program always feasible; an unplaced replica's reason
 is the family whose rows bind (planner.py). Per-pair constraints (RTT <= SLO,
@@ -158,6 +160,7 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
     lp_rows.quota_rows(cs, rows, used_opts, n_col_of)
     budget_rows = lp_rows.budget_rows(cs, rows, x_w, x_o, tenant_budgets)
     y_keys = lp_rows.spread_rows(cs, rows, x_w, x_o, starts, u_start, y_start)
+    lp_rows.weighted_rows(cs, rows, x_o, starts)
     n_y = len(y_keys)
     n_col = y_start + n_y
     cost = np.zeros(n_col)
@@ -297,7 +300,7 @@ def reduced_costs(cs: CandidateSet, model: Model, relax: Relaxation, *,
 
     Options without capacity rows yet have zero capacity duals (nothing binds
     there). For pricing, columns of workloads with spread/anti-affinity/own
-    budget rows are not priced (their link rows would change): +inf. With
+    budget/weighted rows are not priced (their link rows would change): +inf. With
     `for_bound`, they get a lower estimate instead (minus the largest |dual|
     of their own rows), so the Lagrangian bound built on it stays valid.
     """
@@ -313,15 +316,15 @@ def reduced_costs(cs: CandidateSet, model: Model, relax: Relaxation, *,
                            for t in tenants])
         rc -= t_dual[:, None] * cs.usd_per_hour
     linked = np.array([w.spec.spread is not None or bool(w.spec.avoid_workloads)
-                       or w.spec.budget_usd_per_hour is not None for w in cs.workloads],
-                      dtype=bool)
+                       or w.spec.budget_usd_per_hour is not None or bool(cs.target(i))
+                       for i, w in enumerate(cs.workloads)], dtype=bool)
     if not for_bound:
         rc[linked] = np.inf
     elif linked.any():
         ids = {w.id: i for i, w in enumerate(cs.workloads)}
         worst = np.zeros(n_w)
         for r, (family, key) in enumerate(model.row_names):
-            if family in ("spread", "anti-affinity", "budget"):
+            if family in ("spread", "anti-affinity", "budget", "weighted"):
                 for part in key.removeprefix("workload:").split("|"):
                     i = ids.get(part)
                     if i is not None:

@@ -1,8 +1,9 @@
 """The constraint rows and column bounds of the placement program, one family each.
 
 `lp.build` assembles the matrix (columns, costs, the demand rows) and calls these for the
-other families of the model in lp.py's docstring: capacity, quota, budget, spread and
-anti-affinity rows, and the bounds on n (new nodes) and x (replicas that can ever fit).
+other families of the model in lp.py's docstring: capacity, quota, budget, spread,
+anti-affinity and weighted-share rows, and the bounds on n (new nodes) and x (replicas
+that can ever fit).
 Separate from lp.py so that module stays the model in maths, its assembly and its solve;
 each function here is one inequality family of that docstring, with its index sets.
 """
@@ -202,3 +203,26 @@ def spread_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
                     rows.add([col, y_col[(v, "cluster", key)]], [1.0, 1.0], -math.inf, 1.0,
                              ("anti-affinity", f"{cs.workloads[w].id}|{cs.workloads[v].id}"))
     return sorted(y_col, key=lambda k: y_col[k])
+
+
+def weighted_rows(cs: CandidateSet, rows: Rows, x_o: IntArray, starts: IntArray) -> None:
+    """(weighted) rows: Σ_{o: cl(o)=c} x_{w,o} <= T_{w,c} for every share of a weighted
+    workload (`replicaSplit: weighted`, weighted.py).
+
+    Upper bounds, not equalities: the shares add up to R_w and options outside them are
+    infeasible, so with room everywhere the demand row makes them tight; without room in c
+    the rest of c's share goes to u_w (unplaced), never to another cluster. One row per share
+    whether or not it has columns yet, so the row set does not depend on the candidates
+    (pricing.py rebuilds the model row for row).
+    """
+    cluster = np.array([o.cluster.name for o in cs.options], dtype=object)
+    for w, wl in enumerate(cs.workloads):
+        share = cs.target(w)
+        if not share:
+            continue
+        cols = np.arange(starts[w], starts[w + 1])
+        where = cluster[x_o[cols]] if cols.size else np.zeros(0, dtype=object)
+        for cname, replicas in sorted(share.items()):
+            sel = cols[where == cname]
+            rows.add(sel, np.ones(sel.size), -math.inf, float(replicas),
+                     ("weighted", f"{wl.id}|{cname}"))

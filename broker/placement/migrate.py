@@ -33,7 +33,8 @@ The target is one (cluster, pool) option, not among S, feasible for every hard c
 headroom after this epoch's placements and earlier moves (or nodes the pool can still add:
 `Assignment.new_nodes`; never for "better": a node bought to save part of a node's price is
 not a saving); the cheapest such option by c(o) + m(o). Workloads with a spread
-constraint, in the pending batch, or without a spec are left alone. Vectorised per rule:
+constraint or a weighted split (one target option would undo their per-cluster shares), in
+the pending batch, or without a spec are left alone. Vectorised per rule:
 one candidate build for all workloads any rule selected, no per-(workload, option) loops.
 """
 
@@ -96,7 +97,8 @@ def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
     out: list[_Ask] = []
     for p in snapshot.running:
         w = snapshot.workloads.get(p.workload_id)
-        if w is None or w.id in pending or w.spec.spread is not None or not p.assignments:
+        if w is None or w.id in pending or w.spec.spread is not None \
+                or w.spec.replica_weights or not p.assignments:
             continue
         here = {a.cluster for a in p.assignments}
         if w.id in leaving:

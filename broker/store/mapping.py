@@ -21,6 +21,7 @@ from typing import Any
 from broker.domain import (
     Assignment,
     Cluster,
+    ClusterWeight,
     DataSource,
     Interconnect,
     NativeObjects,
@@ -68,6 +69,11 @@ def spec_to_json(s: WorkloadSpec) -> dict[str, Any]:
     # Newer fields only when set: a spec without them hashes as before (Idempotency-Key).
     if s.cluster_names:
         out["cluster_names"] = list(s.cluster_names)
+    if s.replica_weights:
+        out["replica_weights"] = [
+            {"weight": e.weight, "cluster_names": list(e.cluster_names),
+             "exclude": list(e.exclude), "match_labels": dict(e.match_labels)}
+            for e in s.replica_weights]
     if s.native is not None:
         out["native"] = {"kind": s.native.kind, "workload": dict(s.native.workload),
                          "companions": [dict(c) for c in s.native.companions],
@@ -98,6 +104,10 @@ def spec_from_json(d: Mapping[str, Any]) -> WorkloadSpec:
         spot_ok=bool(d.get("spot_ok", True)), labels=dict(d.get("labels", {})),
         env=dict(d.get("env", {})), command=tuple(d.get("command", ())),
         cluster_names=tuple(d.get("cluster_names", ())), native=_native(d.get("native")),
+        replica_weights=tuple(
+            ClusterWeight(weight=int(e["weight"]), cluster_names=tuple(e["cluster_names"]),
+                          exclude=tuple(e["exclude"]), match_labels=dict(e["match_labels"]))
+            for e in d.get("replica_weights", ())),
     )
 
 
