@@ -61,7 +61,9 @@ def arrival_order(cs: CandidateSet) -> list[int]:
 def greedy(cs: CandidateSet, snapshot: FederationSnapshot) -> Ledger:
     """The seed's selectCloudProvider: the cheapest option holding all replicas."""
     ledger = Ledger(cs, snapshot)
-    own_cost = np.where(cs.feasible, cs.compute + cs.egress, np.inf)
+    # The seed's quote price: apportioned compute even when the LP's objective is marginal.
+    compute = cs.compute if cs.list_compute is None else cs.list_compute
+    own_cost = np.where(cs.feasible, compute + cs.egress, np.inf)
     for i in arrival_order(cs):
         row = own_cost[i]
         order = np.argsort(row, kind="stable")

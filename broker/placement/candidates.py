@@ -22,7 +22,9 @@ of W workloads and O options this module computes, vectorised with numpy:
   `latency` = latency weight (USD/ms) x RTT, and
   `bias` = the policy's cluster bias (USD/h) x expected hours.
 - `cand[w]`: the k cheapest feasible options (plus the cheapest per spread
-  domain, and the k cheapest of each cluster with a weighted share), the LP's columns.
+  domain, and the k cheapest of each cluster with a weighted share), the LP's columns;
+  "cheapest" counts the replica's share of a new node's charge where the pool has
+  no free room for it.
 - `targets[w]`: replicas per cluster of a weighted workload (weighted.py), {} otherwise.
 - `visible[w, o]`: the workload's tenant may use the option's cluster
   (`Cluster.allowed_tenants`: federation-wide, or private to the tenant, or lent
@@ -78,6 +80,20 @@ EGRESS_INTERNET_USD_PER_GB = 0.09
 # sites alike; operators set `placement.site_cost_fraction = 1.0` to charge the full amortised
 # price instead (e.g. when an idle site could be powered down or resold).
 SUNK_SITE_COST_FRACTION = 0.1
+# The packing model's price of a replica on a cloud node as a fraction of its apportioned
+# price (PlannerConfig.paid_cost_fraction). 1: a replica pays its share of the node it will
+# hold for its whole life wherever it runs, and paid room is cheaper than a new node by the
+# node charge alone. Below 1 the share is discounted as "already paid", which is true only
+# until the node would have been given back, and it shrinks compute against the latency and
+# egress terms the policy's weights were set for; so the default keeps 1.
+PAID_NODE_COST_FRACTION = 1.0
+# Minimum billed seconds of one node, per provider (module docstring cites each); fixed sites
+# (edge, onprem) are not billed per node.
+BILLING_MIN_S = {"aws": 60.0, "gcp": 60.0, "azure": 60.0}
+DEFAULT_BILLING_MIN_S = 60.0
+# Seconds from ordering a node to its being Ready (and paid all along): the twin's default
+# `provision_delay_s` (docs/twin.md); PlannerConfig.node_boot_s.
+NODE_BOOT_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +134,10 @@ class CandidateSet:
     infeasible_counts: tuple[Mapping[str, int], ...]  # per workload: family -> options ruled out
     domain: tuple[tuple[str, ...], ...]  # per workload: spread domain key of every option
     visible: BoolArray | None = None  # W x O: the tenant may use the cluster (None: all)
+    # The packing model (module docstring): USD per new node of each option (O), and the
+    # apportioned compute the marginal `compute` was scaled from. None: per-replica model.
+    node_usd: FloatArray | None = None
+    list_compute: FloatArray | None = None
     # Per workload: fixed replicas per cluster of `replicaSplit: weighted` ({}: cost split).
     targets: tuple[Mapping[str, int], ...] = ()
 
@@ -185,8 +205,14 @@ def build_options(snapshot: FederationSnapshot) -> tuple[Option, ...]:
 def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      k: int, service_horizon_h: float,
                      workloads: Sequence[Workload] | None = None,
-                     site_cost_fraction: float = 1.0) -> CandidateSet:
-    """Feasibility, cost and the k best options of every pending workload."""
+                     site_cost_fraction: float = 1.0, packing: bool = False,
+                     paid_cost_fraction: float = PAID_NODE_COST_FRACTION,
+                     node_boot_s: float = NODE_BOOT_S) -> CandidateSet:
+    """Feasibility, cost and the k best options of every pending workload.
+
+    `packing` selects the fixed-charge model (module docstring): marginal per-replica
+    compute on paid nodes plus `node_usd` per new node; otherwise the per-replica model.
+    """
     wls = tuple(snapshot.pending if workloads is None else workloads)
     options = build_options(snapshot)
     n_w = len(wls)
@@ -212,18 +238,61 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     parts = _costs(snapshot, action, wls, options, clusters, demand, node,
                    service_horizon_h, site_cost_fraction)
     compute, egress, latency, bias, usdh, rtt = parts
+    node_usd: FloatArray | None = None
+    list_compute: FloatArray | None = None
+    if packing:
+        list_compute = compute
+        paid = np.array([1.0 if o.pool.pricing == PricingModel.EDGE else paid_cost_fraction
+                         for o in options], dtype=np.float64)
+        compute = compute * paid[None, :]
+        node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s)
     cost = np.where(feasible, compute + egress + latency + bias, np.inf)
     domains = tuple(
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
         tuple(() for _ in wls)
-    cand = _prune(wls, cost, k, domains, targets, options)
+    cand = _prune(wls, _prune_key(cost, demand, options, node, node_usd), k, domains,
+                  targets, options)
     return CandidateSet(
         workloads=wls, options=options, headroom=min(max(action.headroom, 0.0), 1.0),
         demand=demand, replicas=replicas, feasible=feasible, cost=cost, compute=compute,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
         cand=cand, infeasible_counts=counts, domain=domains, visible=visible,
-        targets=targets)
+        targets=targets, node_usd=node_usd, list_compute=list_compute)
+
+
+def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[Workload],
+                 service_horizon_h: float, node_boot_s: float) -> FloatArray:
+    """USD charged in the objective for opening one node of each option (module docstring)."""
+    hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
+    longest = np.where(feasible, hours[:, None], 0.0).max(axis=0) if len(wls) else \
+        np.zeros(len(options))
+    out = np.zeros(len(options))
+    for j, o in enumerate(options):
+        if o.pool.pricing == PricingModel.EDGE or o.cluster.is_edge:
+            continue
+        billing_h = BILLING_MIN_S.get(o.cluster.provider, DEFAULT_BILLING_MIN_S) / 3600.0
+        span_h = max(billing_h, min(service_horizon_h, float(longest[j])))
+        out[j] = o.pool.price_usd_per_hour * (max(0.0, node_boot_s) / 3600.0 + span_h)
+    return out
+
+
+def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
+               node: FloatArray, node_usd: FloatArray | None) -> FloatArray:
+    """Cost to rank candidates by: with packing, plus the replica's share of a new node's
+    charge where the pool's free room cannot take one replica (it would open a node)."""
+    if node_usd is None or not len(options):
+        return cost
+    free = np.array([[o.pool.free.cpu, o.pool.free.memory_gib, float(o.pool.free.gpu)]
+                     for o in options], dtype=np.float64)
+    inv = np.divide(1.0, node, out=np.zeros_like(node), where=node > 0)
+    fits_free = np.ones(cost.shape, dtype=bool)
+    share = np.zeros(cost.shape)
+    for r in range(3):
+        fits_free &= demand[:, r, None] <= free[None, :, r] + 1e-9
+        np.maximum(share, np.outer(demand[:, r], inv[:, r]), out=share)
+    out: FloatArray = cost + np.where(fits_free, 0.0, np.minimum(share, 1.0) * node_usd[None, :])
+    return out
 
 
 def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Workload],

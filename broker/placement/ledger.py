@@ -27,18 +27,29 @@ from broker.domain import FederationSnapshot, Workload
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quota_headroom
 
 _EPS = 1e-7
-# Objective cost of one new node on top of the apportioned price: a tie-breaker
-# that keeps the LP from adding nodes it does not need (lp.py uses the same).
+# Objective cost of one new node in the per-replica model (on top of the apportioned price),
+# and the least one costs in the packing model: a tie-breaker that keeps the LP from adding
+# nodes it does not need (lp.py uses the same).
 NEW_NODE_EPSILON_USD = 1e-3
+
+
+def node_costs(cs: CandidateSet) -> FloatArray:
+    """USD per new node of each option in the objective: the packing model's fixed charge
+    (`CandidateSet.node_usd`, at least epsilon), or epsilon in the per-replica model."""
+    if cs.node_usd is None:
+        return np.full(len(cs.options), NEW_NODE_EPSILON_USD)
+    return np.maximum(cs.node_usd, NEW_NODE_EPSILON_USD)
 
 
 def unplaced_penalty(cs: CandidateSet, i: int, base_usd: float) -> float:
     """Penalty per unplaced replica: above any option's cost, scaled by priority.
 
+    "Any option's cost" counts, in the packing model, a whole new node opened for one
+    replica, so leaving a replica out never looks cheaper than buying it a node.
     Higher priority -> larger penalty, so under contention the LP places
     higher-priority workloads first (and any policy's objective says so).
     """
-    row = cs.cost[i]
+    row = cs.cost[i] if cs.node_usd is None else cs.cost[i] + cs.node_usd
     finite = row[np.isfinite(row)]
     top = float(finite.max()) if finite.size else 0.0
     prio = cs.workloads[i].spec.priority
@@ -47,6 +58,7 @@ def unplaced_penalty(cs: CandidateSet, i: int, base_usd: float) -> float:
 
 
 def penalties(cs: CandidateSet, base_usd: float) -> FloatArray:
+    """unplaced_penalty of every workload of the batch."""
     return np.array([unplaced_penalty(cs, i, base_usd) for i in range(len(cs.workloads))],
                     dtype=np.float64)
 
@@ -112,6 +124,7 @@ class Ledger:
         self.domains: list[dict[str, int]] = [{} for _ in cs.workloads]
         self.clusters_of_w: list[dict[str, int]] = [{} for _ in cs.workloads]
         self.conflicts = conflicts(cs.workloads)
+        self.node_usd = node_costs(cs)
 
     def _sync_quota(self, cluster: str) -> None:
         for col in (0, 1):
@@ -293,8 +306,8 @@ class Ledger:
             for o, m in xi.items():
                 total += m * float(cs.cost[i, o])
             total += (int(cs.replicas[i]) - self.placed(i)) * float(pen[i])
-        # The LP's tie-breaker on new nodes, so LP bound <= objective holds exactly.
-        return total + NEW_NODE_EPSILON_USD * float(self.new_nodes.sum())
+        # The LP's charge per new node (lp.py's n columns), so LP bound <= objective holds.
+        return total + float(self.node_usd @ self.new_nodes)
 
     def snapshot_x(self) -> list[Mapping[int, int]]:
         return [dict(xi) for xi in self.x]

@@ -11,7 +11,9 @@ compute + egress + latency + bias (candidates.py); P_w unplaced penalty per
 replica (ledger.unplaced_penalty: > every option's cost, x priority factor);
 h_r headroom (the policy's ratio for cpu and memory; 1 for GPUs, which are
 whole devices and never overcommitted); F_{o,r} free capacity (clipped at 0);
-N_{o,r} allocatable per node;
+N_{o,r} allocatable per node; f_o the fixed charge of opening one node of o (the
+packing model, candidates.node_charges: price x (boot + max(billing minimum, min(horizon,
+longest work on o)))), or ε = NEW_NODE_EPSILON_USD (the per-replica model, a tie-breaker);
 A_o nodes the pool may add; Q_{c,r} quota headroom (vCPU, GPU) of cluster c;
 p_{w,o} USD/h per replica; B_t tenant budget; B_w workload budget.
 
@@ -21,7 +23,7 @@ workloads with spread or anti-affinity); m_w = min(min_domains, R_w),
 M_w = max_domains; T_{w,c} the fixed share of cluster c of a `replicaSplit: weighted`
 workload (weighted.py; clusters without one are infeasible for w).
 
-    min  Σ_w Σ_{o∈C(w)} c_{w,o} x_{w,o} + Σ_w P_w u_w + ε Σ_o n_o
+    min  Σ_w Σ_{o∈C(w)} c_{w,o} x_{w,o} + Σ_w P_w u_w + Σ_o max(f_o, ε) n_o
     s.t. Σ_{o∈C(w)} x_{w,o} + u_w = R_w                          ∀w      (demand)
          Σ_w d_{w,r} x_{w,o} - h_r N_{o,r} n_o ≤ h_r F_{o,r}           ∀o,r    (capacity)
          Σ_{o: cl(o)=c} N_{o,r} n_o ≤ Q_{c,r}                      ∀c,r∈{cpu,gpu} (quota)
@@ -33,6 +35,14 @@ workload (weighted.py; clusters without one are infeasible for w).
          Σ_d y_{w,d} ≤ M_w                                         ∀w      (spread max)
          y_{a,c} + y_{b,c} ≤ 1                     ∀ a avoids b, c cluster (anti-affinity)
          Σ_{o∈C(w): cl(o)=c} x_{w,o} ≤ T_{w,c}            ∀w weighted, c   (weighted)
+
+Packing. F_o is room on nodes that run (are paid) already and costs only c; capacity
+beyond it comes in whole nodes n_o at f_o each. So the program fills paid room first,
+then opened nodes, and opens the pool whose charge the batch fills best: a fixed-charge
+bin-packing. The relaxation spreads f_o over fractional n_o (it prices a new node's room
+at f_o / N_o per unit, the per-replica model's view); integrality is restored by the
+Ledger (it opens ceil nodes and charges f_o for each, so `Ledger.objective` is this
+objective and LP bound <= objective holds) and, past the gap target, by the MIP.
 
 The slack u makes the program always feasible; an unplaced replica's reason
 is the family whose rows bind (planner.py). Per-pair constraints (RTT <= SLO,
@@ -75,7 +85,7 @@ import scipy.sparse as sp
 
 from broker.placement import lp_rows
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray
-from broker.placement.ledger import NEW_NODE_EPSILON_USD
+from broker.placement.ledger import node_costs
 
 _BANNER_LOCK = threading.Lock()
 _banner_state = {"silenced": False}
@@ -166,7 +176,7 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
     cost = np.zeros(n_col)
     cost[:n_x] = cs.cost[x_w, x_o]
     cost[u_start:n_start] = pen
-    cost[n_start:y_start] = NEW_NODE_EPSILON_USD
+    cost[n_start:y_start] = node_costs(cs)[used_opts]
     col_lo = np.zeros(n_col)
     col_hi = np.full(n_col, inf)
     # x <= R_w is implied by the demand row; an explicit bound would make the

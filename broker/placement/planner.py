@@ -34,7 +34,13 @@ import numpy as np
 from broker.domain import FederationSnapshot, Placement, PolicyAction, Workload
 from broker.placement import consolidate, decisions, explain, lp, migrate, pricing, rounding
 from broker.placement.baselines import greedy, karpenter, traditional
-from broker.placement.candidates import SUNK_SITE_COST_FRACTION, CandidateSet, build_candidates
+from broker.placement.candidates import (
+    NODE_BOOT_S,
+    PAID_NODE_COST_FRACTION,
+    SUNK_SITE_COST_FRACTION,
+    CandidateSet,
+    build_candidates,
+)
 from broker.placement.decisions import DecisionConfig
 from broker.placement.kinds import Migration, PoolScale, PoolScaleIn, Prewarm, Retry
 from broker.placement.ledger import Ledger, penalties, tenant_budgets
@@ -109,6 +115,13 @@ class PlannerConfig:
     # fraction of the apportioned price: 1.0 = apportioned; candidates.SUNK_SITE_COST_FRACTION
     # (0.1) = marginal running cost (the digital twin uses it; see docs/twin.md).
     site_cost_fraction: float = SUNK_SITE_COST_FRACTION
+    # The packing model (lp.py, candidates.py): a fixed charge per opened node (boot time plus
+    # the provider's minimum billing or the work up to the horizon), none on paid room;
+    # `paid_cost_fraction` scales replicas' node shares on cloud pools (1 = full share).
+    # False = the per-replica model (every replica its node share, new nodes ~free).
+    packing: bool = True
+    paid_cost_fraction: float = PAID_NODE_COST_FRACTION
+    node_boot_s: float = NODE_BOOT_S
     # The constants of the non-placement decisions (decisions.py, migrate.py).
     decisions: DecisionConfig = field(default_factory=DecisionConfig)
 
@@ -171,7 +184,10 @@ def plan_epoch(
     if batch:
         cs = build_candidates(snapshot, action, k=config.k_candidates,
                               service_horizon_h=config.service_horizon_h,
-                              site_cost_fraction=config.site_cost_fraction)
+                              site_cost_fraction=config.site_cost_fraction,
+                              packing=config.packing,
+                              paid_cost_fraction=config.paid_cost_fraction,
+                              node_boot_s=config.node_boot_s)
         plan = plan_candidates(cs, snapshot, config, policy=policy,
                                candidates_s=time.perf_counter() - t0)
     else:

@@ -1,0 +1,103 @@
+"""The packing model (lp.py, candidates.py): paid nodes are filled before nodes are opened."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from broker.domain import Cluster, PolicyAction, Resources, WorkloadKind
+from broker.placement.candidates import BILLING_MIN_S, NODE_BOOT_S, build_candidates
+from broker.placement.planner import PlannerConfig, plan_epoch
+
+from .placement_world import pool, snapshot, workload
+
+PACKING = PlannerConfig(time_limit_s=2.0)
+PER_REPLICA = dataclasses.replace(PACKING, packing=False)
+ACTION = PolicyAction()
+
+
+def nodes_opened(plan: object) -> int:
+    return sum(s.add_nodes for s in plan.scale)  # type: ignore[attr-defined]
+
+
+def pools_used(plan: object) -> set[tuple[str, str]]:
+    return {(a.cluster, a.pool) for p in plan.placements  # type: ignore[attr-defined]
+            for a in p.assignments}
+
+
+def two_clouds(*, dear_nodes: int = 0, dear_used: float = 0.0) -> tuple[Cluster, ...]:
+    """A cheap pool with no node running and a dearer one; same node shape, same region."""
+    return (
+        Cluster(name="cheap", provider="aws", region="us-east-1",
+                pools=(pool("c", price=0.30, nodes=0, max_nodes=4),)),
+        Cluster(name="dear", provider="aws", region="us-east-1",
+                pools=(pool("d", price=0.40, nodes=dear_nodes, max_nodes=4,
+                            used=Resources(cpu=dear_used, memory_gib=dear_used)),)),
+    )
+
+
+def test_a_running_node_with_room_is_filled_before_a_cheaper_node_is_opened() -> None:
+    """One dear node runs with 6 of 8 vCPUs free (5.7 at the default headroom): the
+    per-replica model still opens a node of the cheaper pool (its per-replica share is
+    lower), the packing model puts the 5 replicas in the paid room."""
+    snap = snapshot((workload("a", replicas=3), workload("b", replicas=2)),
+                    clusters=two_clouds(dear_nodes=1, dear_used=2.0))
+    per_replica = plan_epoch(snap, ACTION, PER_REPLICA)
+    packed = plan_epoch(snap, ACTION, PACKING)
+    assert per_replica.unplaced == {}
+    assert packed.unplaced == {}
+    assert nodes_opened(per_replica) == 1
+    assert nodes_opened(packed) == 0
+    assert pools_used(packed) == {("dear", "d")}
+
+
+def test_the_packing_model_opens_fewer_nodes_than_the_per_replica_model() -> None:
+    """No node runs anywhere. `b` may only use the dear cluster, so a dear node opens either
+    way; `a` is cheaper per replica in the cheap pool, but the room left on b's new node is
+    paid once it is opened: packing puts both on one node, per-replica opens two."""
+    wls = (workload("a", replicas=2), workload("b", replicas=2, cluster_names=("dear",)))
+    snap = snapshot(wls, clusters=two_clouds())
+    per_replica = plan_epoch(snap, ACTION, PER_REPLICA)
+    packed = plan_epoch(snap, ACTION, PACKING)
+    assert per_replica.unplaced == {}
+    assert packed.unplaced == {}
+    assert nodes_opened(per_replica) == 2
+    assert nodes_opened(packed) == 1
+    assert nodes_opened(packed) < nodes_opened(per_replica)
+    assert packed.stats.lp_bound is not None
+    assert packed.stats.objective >= packed.stats.lp_bound - 1e-6
+
+
+def test_packing_still_opens_the_nodes_the_batch_needs() -> None:
+    """Fixed charges never make the planner leave work out: 20 one-vCPU replicas on 8-vCPU
+    nodes need three nodes (headroom 1), and all are placed."""
+    snap = snapshot((workload("big", replicas=20),), clusters=two_clouds())
+    plan = plan_epoch(snap, PolicyAction(headroom=1.0), PACKING)
+    assert plan.unplaced == {}
+    assert sum(p.placed_replicas for p in plan.placements) == 20
+    assert nodes_opened(plan) == 3
+
+
+@pytest.mark.parametrize(("duration_s", "span_s"), [(10.0, 60.0), (1800.0, 1800.0),
+                                                   (36000.0, 3600.0)])
+def test_node_charge_is_boot_plus_billing_minimum_or_the_work_up_to_the_horizon(
+        duration_s: float, span_s: float) -> None:
+    """price x (boot + max(billing minimum, min(horizon, longest job))): a 10 s job pays the
+    60 s AWS minimum, a 30 min job its half hour, a 10 h job the 1 h horizon."""
+    w = workload("j", kind=WorkloadKind.BATCH, duration_s=duration_s)
+    cs = build_candidates(snapshot((w,), clusters=two_clouds()), ACTION, k=4,
+                          service_horizon_h=1.0, packing=True)
+    assert cs.node_usd is not None
+    assert BILLING_MIN_S["aws"] == 60.0
+    expected = 0.30 * (NODE_BOOT_S + span_s) / 3600.0
+    assert cs.node_usd[0] == pytest.approx(expected)
+
+
+def test_greedy_keeps_the_seed_price_under_packing() -> None:
+    """The greedy baseline copies the seed's per-quote price: the packing model's marginal
+    compute must not change its choice (the cheap pool, whole-price cheapest)."""
+    snap = snapshot((workload("a", replicas=2),), clusters=two_clouds(dear_nodes=1))
+    assert pools_used(plan_epoch(snap, ACTION, PACKING, policy="greedy")) == {("cheap", "c")}
+    assert pools_used(plan_epoch(snap, ACTION, PER_REPLICA, policy="greedy")) == \
+        {("cheap", "c")}
