@@ -23,7 +23,8 @@ whose own scheduler enforces it):
 - `topologySpreadConstraints` with `DoNotSchedule` on `topology.kubernetes.io/zone|region`
   -> spread over at least `minDomains` (default min(replicas, 2)); others: the member;
 - `skyfed.io/*` annotations and the PlacementPolicy -> user region, latency SLO, spot,
-  budget, priority, run time, allowed clusters.
+  budget, priority, run time, allowed clusters, and `replicaSplit: weighted` with its static
+  weight list -> replica_weights (Karmada's division, broker/placement/weighted.py).
 
 Refused, naming the field: an unknown kind, a container without an image, a resource other
 than cpu, memory, ephemeral-storage and `nvidia.com/gpu`, node affinity that is not one
@@ -44,7 +45,7 @@ from pydantic import ValidationError
 
 from broker.api.placement_policy import ANNOTATION_PREFIX, ANNOTATIONS, PlacementPolicyIn
 from broker.api.schemas import NAME_RE, WorkloadIn, parse_cpu, parse_memory_gib
-from broker.domain import NativeObjects, Resources, WorkloadSpec
+from broker.domain import ClusterWeight, NativeObjects, Resources, WorkloadSpec
 from broker.errors import SpecError
 from broker.limits import check_json
 from broker.store.workloads import is_workload_id
@@ -315,6 +316,17 @@ def gpu_loc(docs: Sequence[Any]) -> Loc:
     return ("body",)
 
 
+def weighted_cluster_names(docs: Sequence[Any]) -> list[tuple[str, Loc]]:
+    """Cluster names of the request's static weight list with their location (for an error
+    naming the one the tenant has no member for). Call after `convert` accepted `docs`."""
+    out: list[tuple[str, Loc]] = []
+    for i, doc in enumerate(docs):
+        if isinstance(doc, Mapping) and (doc.get("apiVersion"), doc.get("kind")) == POLICY_KIND:
+            out += [(name, ("body", i, "spec", *where))
+                    for name, where in _policy(doc, i).weighted_cluster_names()]
+    return out
+
+
 def _classify(docs: Sequence[Any]) -> tuple[int, list[int], list[int]]:
     """(index of the workload, indexes of companions, indexes of policies)."""
     workload: int | None = None
@@ -359,15 +371,18 @@ def convert(docs: Sequence[Any], *, duration_of: DurationOf) -> WorkloadSpec:
     _workload_fields(doc, w, kind, built)
     labels = dict(built.spec.get("_labels", {}))
     cluster_names: tuple[str, ...] = ()
+    replica_weights: tuple[ClusterWeight, ...] = ()
     for i in policy_ix:
         policy = _policy(docs[i], i)
         if not any(s.selects(str(doc["apiVersion"]), kind, name, labels)
                    for s in policy.spec.resource_selectors):
             raise SpecError(f"selects nothing in this request (the workload is {kind} "
                             f"{name!r})", loc=("body", i, "spec", "resourceSelectors"))
-        if policy.spec.placement.replica_split == "weighted":
-            raise SpecError("weighted replica splits are not supported yet; use cost",
-                            loc=("body", i, "spec", "placement", "replicaSplit"))
+        placement = policy.spec.placement
+        if placement.weight_preference is not None and placement.replica_split != "weighted":
+            raise SpecError("weightPreference is only honoured with replicaSplit: weighted",
+                            loc=("body", i, "spec", "placement", "weightPreference"))
+        replica_weights = policy.replica_weights()
         for key, value in policy.spec_fields().items():
             if isinstance(value, dict) and key != "spread":
                 built.merge(key, value, ("body", i, "spec", "placement"))
@@ -383,6 +398,7 @@ def convert(docs: Sequence[Any], *, duration_of: DurationOf) -> WorkloadSpec:
         estimate = round(duration_of(spec.resources, spec.replicas), 3)
         spec = dataclasses.replace(spec, duration_s=estimate)
         built.defaulted.append(f"durationS={estimate:g} (duration predictor)")
-    return dataclasses.replace(spec, cluster_names=cluster_names, native=NativeObjects(
+    return dataclasses.replace(spec, cluster_names=cluster_names,
+                               replica_weights=replica_weights, native=NativeObjects(
         kind=kind, workload=_clean(doc), companions=tuple(companions),
         defaulted=tuple(built.defaulted)))

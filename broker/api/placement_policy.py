@@ -14,7 +14,11 @@ spec:
       labelSelector: {matchLabels: {tier: prod}}
     spreadConstraints:               # at least minGroups clusters / zones / regions
       - {spreadByField: cluster, minGroups: 2, maxGroups: 3}
-    replicaSplit: cost               # cost: the LP decides the split (the only one so far)
+    replicaSplit: cost               # cost: the LP divides replicas; weighted: static weights
+    weightPreference:                # only with replicaSplit: weighted (Karmada's field)
+      staticWeightList:
+        - {targetCluster: {clusterNames: [aws-use1]}, weight: 3}
+        - {targetCluster: {labelSelector: {matchLabels: {tier: prod}}, exclude: [x]}, weight: 1}
   userRegion: frankfurt              # where the users are, and the RTT bound to them
   latencySloMs: 40
   spot: true                         # spot capacity allowed
@@ -23,9 +27,15 @@ spec:
 ```
 
 Unknown fields are refused with their path, like every other request model (schemas.py).
-`replicaSplit: weighted` (Karmada's static weight list) is refused with a message: the
-placement program has no fixed-split constraint yet, and a policy that is not honoured must
-not be accepted silently.
+
+`replicaSplit: weighted` is Karmada's `replicaScheduling: {replicaSchedulingType: Divided,
+replicaDivisionPreference: Weighted, weightPreference: {staticWeightList: [...]}}`: each
+entry's `targetCluster` (clusterNames, exclude, labelSelector.matchLabels) selects member
+clusters and its `weight` (an integer from 1 to `REPLICA_WEIGHT_MAX`) is their share; the
+planner divides the replicas as Karmada does (broker/placement/weighted.py). Without a
+`weightPreference` (or with an empty list) every feasible cluster weighs 1, as in Karmada.
+A `weightPreference` with `replicaSplit: cost` is refused (it would not be honoured), and so
+is a cluster name the tenant has no such member for (routes.spec_of).
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from broker import limits as lim
-from broker.api.schemas import TEXT, Labels, _Model
+from broker.api.schemas import TEXT, Key, Labels, _Model
+from broker.domain import ClusterWeight
 
 ANNOTATION_PREFIX = "skyfed.io/"
 # annotation (without the prefix) -> field of the skyfed Workload spec (schemas.WorkloadSpecIn)
@@ -76,10 +87,31 @@ class SpreadConstraintIn(_Model):
     max_groups: int | None = Field(default=None, ge=1, le=1000)
 
 
+# Karmada's StaticClusterWeight.Weight is an int64 >= 1; bounded here so a hostile weight
+# cannot make the division's arithmetic inexact (weights x replicas stay far below 2^53).
+REPLICA_WEIGHT_MAX = 10_000
+
+
+class TargetClusterIn(_Model):
+    cluster_names: list[Key] = Field(default_factory=list, max_length=1000)
+    exclude: list[Key] = Field(default_factory=list, max_length=1000)
+    label_selector: MatchLabelsIn | None = None
+
+
+class StaticWeightIn(_Model):
+    target_cluster: TargetClusterIn
+    weight: int = Field(ge=1, le=REPLICA_WEIGHT_MAX)
+
+
+class WeightPreferenceIn(_Model):
+    static_weight_list: list[StaticWeightIn] = Field(default_factory=list, max_length=100)
+
+
 class PlacementIn(_Model):
     cluster_affinity: ClusterAffinityIn | None = None
     spread_constraints: list[SpreadConstraintIn] = Field(default_factory=list, max_length=1)
     replica_split: Literal["cost", "weighted"] = "cost"
+    weight_preference: WeightPreferenceIn | None = None
 
 
 class PolicySpecIn(_Model):
@@ -126,3 +158,29 @@ class PlacementPolicyIn(_Model):
     def cluster_names(self) -> tuple[str, ...]:
         ca = self.spec.placement.cluster_affinity
         return tuple(ca.cluster_names) if ca else ()
+
+    def replica_weights(self) -> tuple[ClusterWeight, ...]:
+        """The static weight list as domain values; () for `replicaSplit: cost`. Weighted
+        without a list: one entry matching every cluster, weight 1 (Karmada's default)."""
+        p = self.spec.placement
+        if p.replica_split != "weighted":
+            return ()
+        entries = p.weight_preference.static_weight_list if p.weight_preference else []
+        if not entries:
+            return (ClusterWeight(weight=1),)
+        return tuple(ClusterWeight(
+            weight=e.weight, cluster_names=tuple(e.target_cluster.cluster_names),
+            exclude=tuple(e.target_cluster.exclude),
+            match_labels=dict(e.target_cluster.label_selector.match_labels
+                              if e.target_cluster.label_selector else {}))
+            for e in entries)
+
+    def weighted_cluster_names(self) -> list[tuple[str, tuple[str | int, ...]]]:
+        """Every cluster named in the static weight list, with its path under `spec`."""
+        p = self.spec.placement
+        if p.weight_preference is None:
+            return []
+        return [(name, ("placement", "weightPreference", "staticWeightList", k,
+                        "targetCluster", "clusterNames", j))
+                for k, e in enumerate(p.weight_preference.static_weight_list)
+                for j, name in enumerate(e.target_cluster.cluster_names)]

@@ -122,7 +122,24 @@ async def spec_of(request: Request, rt: Runtime, tenant: str) -> WorkloadSpec:
         tenant, res, n, at_s=0.0).duration_s)
     if spec.resources.gpu > 0:
         await _require_gpu_pool(rt, spec, manifests.gpu_loc(docs))
+    if spec.replica_weights:
+        await _require_weighted_clusters(rt, tenant, manifests.weighted_cluster_names(docs))
     return spec
+
+
+async def _require_weighted_clusters(rt: Runtime, tenant: str,
+                                     names: list[tuple[str, tuple[str | int, ...]]]) -> None:
+    """A static weight naming no member this tenant may use would never get its share: refuse
+    it, naming the entry. A member private to another tenant is answered like one that does
+    not exist (a tenant learns nothing of the others' clusters)."""
+    if not names:
+        return
+    async with rt.store.unit() as uow:
+        usable = await uow.clusters.usable_names(tenant)
+    for name, loc in names:
+        if name not in usable:
+            raise SpecError(f"no member cluster or site named {name!r} that this tenant may "
+                            "use (GET /v1/clusters lists them)", loc=loc)
 
 
 async def _require_gpu_pool(rt: Runtime, spec: WorkloadSpec,
@@ -275,7 +292,8 @@ async def patch_workload(request: Request, rt: RuntimeDep, principal: Auth,
     doc = lifecycle.patched_document(workload_view(current), docs[0],
                                      native=old.native is not None)
     spec = dataclasses.replace(WorkloadIn.model_validate(doc).to_domain(),
-                               native=old.native, cluster_names=old.cluster_names)
+                               native=old.native, cluster_names=old.cluster_names,
+                               replica_weights=old.replica_weights)
     async with rt.store.unit() as uow:
         rec, _, change = await lifecycle.upsert(uow, tenant=principal.tenant,
                                                 ref=current.workload.id, spec=spec)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from broker.api import manifests
-from broker.domain import Resources, WorkloadKind
+from broker.domain import ClusterWeight, Resources, WorkloadKind
 from broker.errors import SpecError
 from broker.store.mapping import spec_from_json, spec_to_json
 
@@ -171,6 +171,17 @@ def _with(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
 
 
 C0 = ("spec", "template", "spec", "containers", 0)
+WEIGHTS = {"staticWeightList": [
+    {"targetCluster": {"clusterNames": ["a"]}, "weight": 3},
+    {"targetCluster": {"labelSelector": {"matchLabels": {"tier": "prod"}}, "exclude": ["c"]},
+     "weight": 1}]}
+
+
+def _weighted(entries: list[Any] | None) -> dict[str, Any]:
+    placement = {"replicaSplit": "weighted"}
+    if entries is not None:
+        placement["weightPreference"] = {"staticWeightList": entries}  # type: ignore[assignment]
+    return _with(POLICY, ("spec", "placement"), placement)
 
 
 @pytest.mark.parametrize(("docs", "loc"), [
@@ -189,8 +200,19 @@ C0 = ("spec", "template", "spec", "containers", 0)
      ("body", 0, "metadata", "annotations", "skyfed.io/latency-slo-ms")),
     ([NGINX, _with(POLICY, ("spec", "resourceSelectors"), [{"kind": "Job"}])],
      ("body", 1, "spec", "resourceSelectors")),
-    ([NGINX, _with(POLICY, ("spec", "placement", "replicaSplit"), "weighted")],
-     ("body", 1, "spec", "placement", "replicaSplit")),
+    ([NGINX, _with(POLICY, ("spec", "placement", "weightPreference"), WEIGHTS)],
+     ("body", 1, "spec", "placement", "weightPreference")),
+    *[([NGINX, _weighted([{"targetCluster": {"clusterNames": ["a"]}, "weight": bad}])],
+       ("body", 1, "spec", "placement", "weightPreference", "staticWeightList", 0, "weight"))
+      for bad in (0, -1, 10_001, 1.5, True, "NaN", None)],
+    ([NGINX, _weighted([{"targetCluster": {"clusterNames": ["a\tb"]}, "weight": 1}])],
+     ("body", 1, "spec", "placement", "weightPreference", "staticWeightList", 0,
+      "targetCluster", "clusterNames", 0)),
+    ([NGINX, _weighted([{"targetCluster": {"names": ["a"]}, "weight": 1}])],
+     ("body", 1, "spec", "placement", "weightPreference", "staticWeightList", 0,
+      "targetCluster", "names")),
+    ([NGINX, _weighted([{"targetCluster": {}, "weight": 1}] * 101)],
+     ("body", 1, "spec", "placement", "weightPreference", "staticWeightList")),
     ([NGINX, _with(POLICY, ("spec", "typo"), 1)], ("body", 1, "spec", "typo")),
     ([NGINX, NGINX], ("body", 1, "kind")),
     ([SERVICE], ("body",)),
@@ -216,3 +238,21 @@ def test_node_affinity_in_and_not_in_map_to_cluster_labels() -> None:
     spec = convert(d)
     assert dict(spec.affinity) == {"zone": "eu"}
     assert dict(spec.anti_affinity) == {"tier": "dev"}
+
+
+def test_a_weighted_policy_carries_its_static_weights_into_the_spec() -> None:
+    spec = convert(NGINX, _with(_weighted(None), ("spec", "placement", "weightPreference"),
+                                WEIGHTS))
+    assert spec.replica_weights == (
+        ClusterWeight(weight=3, cluster_names=("a",)),
+        ClusterWeight(weight=1, exclude=("c",), match_labels={"tier": "prod"}))
+    assert spec_from_json(spec_to_json(spec)) == spec
+    assert manifests.weighted_cluster_names([NGINX, _weighted(WEIGHTS["staticWeightList"])]) \
+        == [("a", ("body", 1, "spec", "placement", "weightPreference", "staticWeightList", 0,
+                   "targetCluster", "clusterNames", 0))]
+
+
+def test_weighted_without_a_list_weighs_every_cluster_1_as_karmada() -> None:
+    assert convert(NGINX, _weighted(None)).replica_weights == (ClusterWeight(weight=1),)
+    assert convert(NGINX, _weighted([])).replica_weights == (ClusterWeight(weight=1),)
+    assert convert(NGINX, POLICY).replica_weights == ()
