@@ -1,0 +1,46 @@
+"""`skyfed bench placement`: the reference bound and the sizes past one cluster per region."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.bench.placement import generate, run_size
+from broker.placement.planner import PlannerConfig
+from providers.catalog import Catalog
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return Catalog.load()
+
+
+def test_proven_bound_is_a_bound_and_the_gap_is_measured_against_it(catalog: Catalog) -> None:
+    said: list[str] = []
+    row = run_size(catalog, "120x30", repeats=1, seed=3, config=PlannerConfig(),
+                   proven_mip_s=2.0, say=said.append)
+    assert row["proven_bound_source"] == "mip"
+    assert row["proven_bound"] >= row["lp_bound_full"] - 1e-6
+    # A bound of the integer program: no plan, the default path's included, is below it.
+    assert row["objective"] >= row["proven_bound"] - 0.01
+    assert row["default_path_gap_vs_proven_bound"] == pytest.approx(
+        (row["objective"] - row["proven_bound"]) / row["proven_bound"], abs=1e-4)
+    assert row["cpu_s_median"] > 0
+    assert len(row["total_s_all"]) == 1
+    assert any("default path run 1/1" in m for m in said)
+    assert any("reference bound" in m for m in said)
+
+
+def test_above_the_workload_cap_the_reference_is_the_lp_bound(catalog: Catalog) -> None:
+    row = run_size(catalog, "60x20", repeats=1, seed=2, config=PlannerConfig(),
+                   proven_mip_s=2.0, proven_max_workloads=10)
+    assert row["proven_bound_source"] == "lp"
+    assert row["proven_mip_s"] == 0.0
+    assert row["proven_bound"] == row["lp_bound_full"]
+
+
+def test_more_options_than_regions_hold_get_more_clusters_per_region(catalog: Catalog) -> None:
+    snap = generate(catalog, 5, 1500, seed=1)
+    names = [c.name for c in snap.clusters]
+    assert sum(len(c.pools) for c in snap.clusters) == 1500
+    assert len(set(names)) == len(names)
+    assert len({c.region_key for c in snap.clusters}) < len(names)
