@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any
 
 from broker.domain import Assignment, Placement, WorkloadSpec, WorkloadStatus
-from broker.errors import SpecError
+from broker.errors import ConflictError, SpecError
 from broker.store import UnitOfWork, WorkloadRecord
 from broker.store.workloads import TERMINAL, is_workload_id
 
@@ -64,7 +64,9 @@ def shrunk(assignments: tuple[Assignment, ...], replicas: int) -> tuple[Assignme
 async def upsert(uow: UnitOfWork, *, tenant: str, ref: str | None,
                  spec: WorkloadSpec) -> tuple[WorkloadRecord, bool, str]:
     """Create or change the workload `ref` (an id or a name; None: the spec's name) of
-    `tenant`; returns (record, created, what was done)."""
+    `tenant`; returns (record, created, what was done). Two concurrent calls for one new
+    name make one workload: the second's insert is refused by the unique index on live
+    workloads created by name (store `create_by_name`), and it changes the first's."""
     if ref is not None and is_workload_id(ref):
         existing: WorkloadRecord | None = await uow.workloads.resolve(ref, tenant=tenant,
                                                                       lock=True)
@@ -80,8 +82,13 @@ async def upsert(uow: UnitOfWork, *, tenant: str, ref: str | None,
                             f"({ref!r})", loc=("body", "metadata", "name"))
         existing = await uow.workloads.find_by_name(spec.name, tenant=tenant, lock=True)
     if existing is None:
-        rec, _ = await uow.workloads.submit(tenant=tenant, spec=spec)
-        return rec, True, "created"
+        created = await uow.workloads.create_by_name(tenant=tenant, spec=spec)
+        if created is not None:
+            return created, True, "created"
+        # A concurrent PUT of the same new name committed first: change that one instead.
+        existing = await uow.workloads.find_by_name(spec.name, tenant=tenant, lock=True)
+        if existing is None:  # pragma: no cover - it finished in between; the client retries
+            raise ConflictError(f"workload {spec.name!r} changed concurrently; retry")
     w = existing.workload
     change = change_of(w.spec, spec)
     if change == "none":

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -214,12 +215,21 @@ class PoolDemandRow(Base):
     at_s: Mapped[float] = mapped_column(Float)
 
 
+# The rows the unique (tenant, applied_name) index covers: created by name and not finished.
+LIVE_APPLIED = "applied_name IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'cancelled')"
+
+
 class WorkloadRow(Base):
     __tablename__ = "workloads"
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_workloads_tenant_idem"),
         Index("ix_workloads_queue", "status", "priority", "submitted_s"),
         Index("ix_workloads_tenant_order", "tenant", "submitted_s", "id"),
+        # One live workload per (tenant, name) created by name (PUT, `skyfed apply`): two
+        # concurrent PUTs of a new name cannot both insert (lifecycle.upsert). POST keeps
+        # accepting several workloads of one name (applied_name NULL).
+        Index("uq_workloads_tenant_applied_name", "tenant", "applied_name", unique=True,
+              postgresql_where=text(LIVE_APPLIED), sqlite_where=text(LIVE_APPLIED)),
     )
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name", ondelete="CASCADE"))
@@ -242,6 +252,8 @@ class WorkloadRow(Base):
     # Clusters a failover moved it off (the reconciler): a "recovered" migration may take
     # it back there once they are healthy; cleared when it moved back.
     displaced_from: Mapped[list[Any] | None] = mapped_column()
+    # The name, for a workload created by name (PUT); NULL for one created by POST.
+    applied_name: Mapped[str | None] = mapped_column(String(253))
 
 
 class PlacementRow(Base):

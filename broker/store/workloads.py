@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, case, func, insert, or_, select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from broker.domain import Workload, WorkloadSpec, WorkloadStatus
@@ -44,9 +45,11 @@ _INSERT = insert(WorkloadRow.__table__)  # type: ignore[arg-type]
 _PG_SUBMIT = text("""
 WITH w AS (
   INSERT INTO workloads (id, tenant, name, kind, status, priority, spec, idempotency_key,
-                         request_sha256, placement_id, message, submitted_s, updated_s)
+                         request_sha256, placement_id, message, submitted_s, updated_s,
+                         applied_name)
   VALUES (:id, :tenant, :name, :kind, :status, :priority, CAST(:spec AS JSONB),
-          :idempotency_key, :request_sha256, NULL, '', :submitted_s, :updated_s)
+          :idempotency_key, :request_sha256, NULL, '', :submitted_s, :updated_s,
+          :applied_name)
   ON CONFLICT (tenant, idempotency_key) DO NOTHING
   RETURNING id, tenant)
 INSERT INTO events (ts, tenant, kind, subject, data)
@@ -106,8 +109,13 @@ class WorkloadRepo:
     async def submit(self, *, tenant: str, spec: WorkloadSpec,
                      spec_json: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None,
-                     request_sha256: str = "") -> tuple[WorkloadRecord, bool]:
+                     request_sha256: str = "",
+                     by_name: bool = False) -> tuple[WorkloadRecord, bool]:
         """Store a new pending workload; returns (record, created).
+
+        `by_name` (PUT, `skyfed apply`): the row is covered by the unique index on
+        (tenant, applied_name) over live workloads, so a second live workload of that name
+        made by name fails with an IntegrityError (see `create_by_name`).
 
         With an `idempotency_key` already used by this tenant: the same body
         (`request_sha256`) returns the first workload with created=False; a
@@ -125,6 +133,7 @@ class WorkloadRepo:
             "spec": dict(spec_json), "idempotency_key": idempotency_key,
             "request_sha256": request_sha256, "placement_id": None, "message": "",
             "submitted_s": self._now, "updated_s": self._now,
+            "applied_name": spec.name if by_name else None,
         }
         if self._s.bind is not None and self._s.bind.dialect.name == "postgresql":
             inserted = await self._insert_pg(values)
@@ -139,6 +148,22 @@ class WorkloadRepo:
             id=wid, tenant=tenant, spec=spec, status=WorkloadStatus.PENDING,
             submitted_s=self._now), updated_s=self._now, idempotency_key=idempotency_key)
         return rec, True
+
+    async def create_by_name(self, *, tenant: str, spec: WorkloadSpec) -> WorkloadRecord | None:
+        """A new live workload created by name, or None when another transaction created the
+        tenant's live workload of that name first (the unique index refused this one; on
+        PostgreSQL the insert waits for that transaction, then fails). A savepoint keeps the
+        caller's transaction usable, so it can read the winner and update it instead. SQLite
+        (one connection) cannot interleave two units of work, and pysqlite's SAVEPOINT outside
+        an explicit BEGIN would commit early: there the insert runs as is."""
+        if self._s.bind is None or self._s.bind.dialect.name != "postgresql":
+            return (await self.submit(tenant=tenant, spec=spec, by_name=True))[0]
+        try:
+            async with self._s.begin_nested():
+                rec, _ = await self.submit(tenant=tenant, spec=spec, by_name=True)
+        except IntegrityError:
+            return None
+        return rec
 
     async def replay(self, *, tenant: str, idempotency_key: str,
                      request_sha256: str) -> WorkloadRecord:
