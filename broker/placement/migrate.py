@@ -131,8 +131,9 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     asks = _asks(snapshot, reasons)
     if not asks:
         return ()
-    wls = [replace(a.workload, spec=replace(a.workload.spec,
-                                            replicas=a.placement.placed_replicas))
+    wls = [a.workload if a.workload.spec.replicas == a.placement.placed_replicas
+           else replace(a.workload, spec=replace(a.workload.spec,
+                                                 replicas=a.placement.placed_replicas))
            for a in asks]
     cs = build_candidates(snapshot, action, k=k, service_horizon_h=service_horizon_h,
                           workloads=wls, site_cost_fraction=site_cost_fraction)
@@ -143,35 +144,48 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     move = np.where(cs.feasible, cfg.migration_overlap_h * cs.usd_per_hour, np.inf)
     index = {(o.cluster.name, o.pool.name): o.index for o in cs.options}
     names = np.array([o.cluster.name for o in cs.options])
-    out: list[Migration] = []
-    better: list[tuple[float, int, int, float]] = []  # (-saving, ask, option, one-off)
+    reps = cs.replicas.astype(np.int64)
+    # One-off cost: overlap running + the data's egress to the target (all replicas).
+    one_off = (move + cs.egress) * reps[:, None]
+    ok = cs.feasible.copy()
+    sources: list[tuple[list[int], float]] = []
     for i, ask in enumerate(asks):
-        r = int(cs.replicas[i])
         src = [(index.get((a.cluster, a.pool)), a.replicas) for a in ask.placement.assignments]
         src_idx = [j for j, _ in src if j is not None]
         now_cost = math.inf if len(src_idx) < len(src) else \
             float(sum(running[i, j] * n for j, n in src if j is not None))
-        ok = cs.feasible[i].copy()
-        ok[src_idx] = False
+        sources.append((src_idx, now_cost))
+        ok[i, src_idx] = False
         if ask.avoid:
-            ok &= ~np.isin(names, list(ask.avoid))
+            ok[i] &= ~np.isin(names, list(ask.avoid))
         if ask.only is not None:
-            ok &= np.isin(names, list(ask.only))
-        # One-off cost: overlap running + the data's egress to the target (all replicas).
-        one_off = (move[i] + cs.egress[i]) * r
-        score = np.where(ok, running[i] * r + one_off, np.inf)
-        for j in np.argsort(score, kind="stable"):
-            if not math.isfinite(score[j]):
+            ok[i] &= np.isin(names, list(ask.only))
+    score = np.where(ok, running * reps[:, None] + one_off, np.inf)
+    # Each ask's cheapest option first, for all at once: most asks stop there (nothing
+    # feasible, or the cheapest move is not worth it, so no dearer one is).
+    first = np.argmin(np.where(np.isnan(score), np.inf, score), axis=1)
+    out: list[Migration] = []
+    better: list[tuple[float, int, int, float]] = []  # (-saving, ask, option, one-off)
+    for i, ask in enumerate(asks):
+        r = int(reps[i])
+        src_idx, now_cost = sources[i]
+        j0 = int(first[i])
+        if not math.isfinite(score[i, j0]) or not _worth(
+                ask.reason, now_cost, float(running[i, j0]) * r, float(one_off[i, j0]),
+                src_idx, cfg):
+            continue
+        for j in np.argsort(score[i], kind="stable"):
+            if not math.isfinite(score[i, j]):
                 break
             new_cost = float(running[i, j]) * r
-            if not _worth(ask.reason, now_cost, new_cost, float(one_off[j]), src_idx, cfg):
+            if not _worth(ask.reason, now_cost, new_cost, float(one_off[i, j]), src_idx, cfg):
                 break  # the cheapest fitting option is not worth it: no dearer one is
             if ask.reason == "better":  # budgeted: decided below, largest saving first
                 if room.take(i, int(j), r, dry=True) != 0:
                     continue  # a move for a saving uses room there is, never buys nodes
-                better.append((new_cost - now_cost, i, int(j), float(one_off[j])))
+                better.append((new_cost - now_cost, i, int(j), float(one_off[i, j])))
                 break
-            m = _move(cs, room, ask, i, int(j), now_cost, float(one_off[j]))
+            m = _move(cs, room, ask, i, int(j), now_cost, float(one_off[i, j]))
             if m is not None:
                 out.append(m)
                 break

@@ -76,13 +76,31 @@ class ObservedNode:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolObservation:
+    """Rules 2-4 applied to one pool's nodes (`observe`): what the merge writes into the
+    registered `Pool`, but for what depends on the registration or the clock (`max_nodes`,
+    the node shape when no node counts, the reclaim rate). A value, so a shell whose pool did
+    not change since its last reading may hand the same one in again (the twin does)."""
+
+    node: Resources | None  # the smallest counted node; None: no node counts
+    nodes: int
+    used: Resources
+    node_states: tuple[NodeState, ...]
+    largest_free_gpu_set: int
+
+
+@dataclass(frozen=True, slots=True)
 class Inventory:
-    """One cluster's observed nodes at `observed_s`, and its spot reclaims since `since_s`."""
+    """One cluster's observed nodes at `observed_s`, and its spot reclaims since `since_s`.
+
+    `observations`: pools whose nodes were already reduced to a `PoolObservation` by `observe`
+    (their nodes are then not in `nodes`); the merge uses them as they are."""
 
     observed_s: float
     nodes: tuple[ObservedNode, ...] = ()
     reclaims: Mapping[str, int] = field(default_factory=dict)  # pool -> nodes reclaimed
     since_s: float = 0.0
+    observations: Mapping[str, PoolObservation] = field(default_factory=dict)
 
 
 def leaving(node: ObservedNode) -> NodeLeaving:
@@ -150,17 +168,31 @@ def observed_pool(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 
 
 
 def observed_fields(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 0,
-                    since_s: float = 0.0, now_s: float = 0.0) -> dict[str, object]:
-    """The `Pool` fields rules 3-5 replace (so a caller can make one copy of the pool)."""
-    states = []
+                    since_s: float = 0.0, now_s: float = 0.0,
+                    observation: PoolObservation | None = None) -> dict[str, object]:
+    """The `Pool` fields rules 3-5 replace (so a caller can make one copy of the pool);
+    `observation`: `observe(pool, nodes)` already computed (then `nodes` is not read)."""
+    obs = observation if observation is not None else observe(pool, nodes)
+    return {"node": pool.node if obs.node is None else obs.node,
+            "nodes": obs.nodes, "max_nodes": max(pool.max_nodes, obs.nodes),
+            "used": obs.used, "node_states": obs.node_states,
+            "largest_free_gpu_set": obs.largest_free_gpu_set,
+            "reclaim_rate_per_hour": reclaim_rate_per_hour(reclaims, since_s, now_s)}
+
+
+def observe(pool: Pool, nodes: Sequence[ObservedNode],
+            states: Sequence[NodeState] | None = None) -> PoolObservation:
+    """Rules 2-4 of the module docstring over one pool's `nodes`; `states`: each node's
+    `node_state(pool, node)`, when the caller kept them from an earlier reading."""
+    out = []
     count = 0
     cpu = mem = 0.0
     gpu = largest = 0
     min_cpu = min_mem = math.inf
     min_gpu = 1 << 30
-    for n in nodes:  # one pass: this runs every epoch, for every node
-        st = node_state(pool, n)
-        states.append(st)
+    for k, n in enumerate(nodes):  # one pass: this runs every epoch, for every node
+        st = node_state(pool, n) if states is None else states[k]
+        out.append(st)
         if st.leaving is not NodeLeaving.NO:
             continue
         count += 1
@@ -169,11 +201,9 @@ def observed_fields(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int 
         min_cpu, min_mem = min(min_cpu, a.cpu), min(min_mem, a.memory_gib)
         min_gpu = min(min_gpu, a.gpu)
         largest = max(largest, st.largest_free_gpu_set)
-    return {"node": Resources(min_cpu, min_mem, min_gpu) if count else pool.node,
-            "nodes": count, "max_nodes": max(pool.max_nodes, count),
-            "used": Resources(cpu, mem, gpu), "node_states": tuple(states),
-            "largest_free_gpu_set": largest,
-            "reclaim_rate_per_hour": reclaim_rate_per_hour(reclaims, since_s, now_s)}
+    return PoolObservation(node=Resources(min_cpu, min_mem, min_gpu) if count else None,
+                           nodes=count, used=Resources(cpu, mem, gpu),
+                           node_states=tuple(out), largest_free_gpu_set=largest)
 
 
 def nodes_by_pool(pools: Sequence[Pool], inventory: Inventory

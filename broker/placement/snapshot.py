@@ -304,7 +304,8 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) 
         changes: dict[str, object] = {}
         if inv is not None:
             changes = observed_fields(p, by_pool[p.name], reclaims=inv.reclaims.get(p.name, 0),
-                                      since_s=inv.since_s, now_s=now)
+                                      since_s=inv.since_s, now_s=now,
+                                      observation=inv.observations.get(p.name))
         if usage is not None and (m := usage.pools.get(p.name)) is not None:
             used = changes.get("used", p.used)
             assert isinstance(used, Resources)

@@ -89,6 +89,7 @@ def scale_in(eng: Engine, si: PoolScaleIn) -> None:
             eng.metrics.consolidated_nodes += 1
         if n.ready_at <= eng.now and n.empty(p.node.gpu):
             p.node_list.remove(n)
+            p.changed()
             removed += 1
     if removed:
         eng.metrics.pools_changed()
@@ -292,6 +293,7 @@ def node_for(eng: Engine, c: SimCluster, p: SimPool, cpu: float, mem: float,
     if home is None:
         for n in spread:
             n.gpu_free += 1
+        p.changed()
         return None
     p.occupy(home, cpu, mem, 0)
     return home, spread
@@ -309,6 +311,9 @@ def observe_idle(eng: Engine) -> None:
             idle = {id(n) for n in p.idle_nodes(now)}
             for n in p.node_list:
                 if id(n) not in idle:
-                    n.idle_since = None
+                    if n.idle_since is not None:
+                        n.idle_since = None
+                        p.changed()
                 elif n.idle_since is None:
                     n.idle_since = now
+                    p.changed()

@@ -71,6 +71,9 @@ class SimConfig:
     housekeeping_s: float = 300.0
     sample_s: float = 300.0
     check_invariants: bool = False
+    # Reuse a pool's observed nodes in the snapshot until the pool changes (sim/snapshot.py);
+    # False reads every node every epoch: the same snapshots, slower (the tests' reference).
+    reuse_observations: bool = True
     # None: the placement loop ticks on the scenario's `epoch_s` grid. A number: as live, a
     # submission wakes the loop, which solves after this batching window
     # (`placement.batch_window_s`); more solves, so the benches keep the grid.
@@ -419,6 +422,7 @@ class Engine:
             home = g.nodes[i] if i < len(g.nodes) else None
             spread = bool(grp) and any(n is not home for n in grp)
             if spread:
+                p.changed()
                 for n in grp:
                     if n in p.node_list:
                         n.gpu_free += 1

@@ -61,6 +61,7 @@ def reclaim(eng: Engine, c: SimCluster, f: FaultSpec) -> None:
             p.reclaims += 1
             evict_node(eng, c, p, victim)
             p.node_list.remove(victim)
+            p.changed()
         eng.metrics.pools_changed()
 
 

@@ -8,10 +8,17 @@ engine's groups and per-pool EWMA, and the twin's user<->cluster RTT table plus 
 graph's RTT/throughput (placement/network.py) are the network maps.
 
 Each simulated node reports what runs on it (the engine places every replica on a node).
+
+Per epoch, the cost follows what changed: a pool's nodes are read again (`observe`, the
+merge's node rules) only when the pool changed since its last reading (`SimPool.changed`) or
+one of its booting nodes came up; otherwise its last `PoolObservation` goes into the merge as
+it is. `SimConfig.reuse_observations = False` reads every pool every epoch (the reference the
+tests compare against).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -21,6 +28,7 @@ from broker.domain import (
     Cluster,
     DataSource,
     FederationSnapshot,
+    NodeState,
     Placement,
     Pool,
     PricingModel,
@@ -31,9 +39,16 @@ from broker.domain import (
     WorkloadSpec,
 )
 from broker.placement.network import NetworkCatalog, cluster_pairs
-from broker.placement.observed import Inventory, ObservedNode, decayed
+from broker.placement.observed import (
+    Inventory,
+    ObservedNode,
+    PoolObservation,
+    decayed,
+    node_state,
+    observe,
+)
 from broker.placement.snapshot import Member, MergeInputs, MergeSettings, merge
-from broker.sim.state import SimCluster, SimPool, WorkloadState
+from broker.sim.state import NodeKey, SimCluster, SimPool, WorkloadState
 
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
@@ -52,18 +67,24 @@ def pending_workload(ws: WorkloadState, replicas: int | None = None) -> Workload
     with `replicas`, that many (a running workload as the migration rules see it).
 
     Its run time is the predictor's estimate at submission (realize.py), never the trace's.
+    The same value as last time while replicas and attempts are unchanged (kept on `ws`).
     """
+    want = ws.pending if replicas is None else replicas
+    key = (want, ws.tries, ws.tried_s)
+    if ws.as_workload is not None and ws.as_workload[0] == key:
+        return ws.as_workload[1]
     ev = ws.ev
     data = (DataSource(size_gb=ev.data_gb, location=ev.data_region),) if (
         ev.data_gb > 0 and ev.data_region) else ()
     spec = WorkloadSpec(
         name=ev.id, kind=WorkloadKind(ev.kind), image=f"sim/{ev.id}",
-        replicas=ws.pending if replicas is None else replicas,
-        resources=Resources(ev.cpu, ev.memory_gib, ev.gpu), gpu_model=ev.gpu_model,
+        replicas=want, resources=Resources(ev.cpu, ev.memory_gib, ev.gpu), gpu_model=ev.gpu_model,
         user_region=ev.user_region, latency_slo_ms=ev.latency_slo_ms, data=data,
         image_gb=ev.image_gb, duration_s=ev.predicted_duration_s, priority=ev.priority)
-    return Workload(id=ev.id, tenant=ev.tenant, spec=spec, submitted_s=ev.submit_s,
-                    attempts=ws.tries, last_attempt_s=ws.tried_s if ws.tries else None)
+    out = Workload(id=ev.id, tenant=ev.tenant, spec=spec, submitted_s=ev.submit_s,
+                   attempts=ws.tries, last_attempt_s=ws.tried_s if ws.tries else None)
+    ws.as_workload = (key, out)
+    return out
 
 
 def running_placement(ws: WorkloadState) -> Placement:
@@ -97,6 +118,16 @@ def registered(c: SimCluster, now: float) -> Cluster:
                    quota_vcpu=c.quota_vcpu, healthy=c.healthy(now))
 
 
+def registration(c: SimCluster, now: float) -> Cluster:
+    """`registered(c, now)`, the same value as last time while nothing in it changed."""
+    key = (c.healthy(now), c.quota_vcpu, tuple((p.nodes, p.price_factor) for p in c.pools))
+    if c.registered is not None and c.registered[0] == key:
+        return c.registered[1]
+    out = registered(c, now)
+    c.registered = (key, out)
+    return out
+
+
 def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode, ...]:
     """The pool's nodes with what runs on each."""
     gpus, itype, prefix = p.node.gpu, p.spec.instance_type, f"{c.name}/{p.name}/"
@@ -110,6 +141,49 @@ def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode,
             idle_since_s=n.idle_since, prewarmed=n.prewarmed,
             underused_since_s=n.underused_since))
     return tuple(out)
+
+
+def pool_observation(c: SimCluster, p: SimPool, pool: Pool, now: float, *,
+                     reuse: bool = True) -> PoolObservation:
+    """The merge's reading of `p`'s nodes (`pool`: its registration): the last one while
+    nothing changed (same `version`, no booting node came up since), else a new one."""
+    cached = p.observed
+    if reuse and cached is not None and cached[0] == p.version and now < cached[1]:
+        return cached[2]
+    nodes, states = _read_nodes(c, p, pool, now, reuse=reuse)
+    reading = observe(pool, nodes, states)
+    up_next = min((n.ready_at for n in p.node_list if n.ready_at > now), default=math.inf)
+    p.observed = (p.version, up_next, reading)
+    return reading
+
+
+def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: bool
+                ) -> tuple[list[ObservedNode], list[NodeState]]:
+    """`observed_nodes` and each one's `node_state`; a node whose every observed value is as
+    at the pool's last reading reuses what was made of it then (`SimPool.node_memo`)."""
+    memo = p.node_memo if reuse else {}
+    fresh: dict[NodeKey, tuple[ObservedNode, NodeState]] = {}
+    nodes: list[ObservedNode] = []
+    states: list[NodeState] = []
+    gpus, itype, prefix = p.node.gpu, p.spec.instance_type, f"{c.name}/{p.name}/"
+    for i, n in enumerate(p.node_list):
+        up = n.ready_at <= now
+        key = (i, up, n.used_cpu, n.used_mem, n.gpu_free, n.idle_since, n.prewarmed,
+               n.underused_since)
+        got = memo.get(key)
+        if got is None:
+            on = ObservedNode(
+                name=prefix + str(i), pool=p.name, allocatable=p.node,
+                allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
+                instance_type=itype, ready=up, ever_ready=up,
+                idle_since_s=n.idle_since, prewarmed=n.prewarmed,
+                underused_since_s=n.underused_since)
+            got = (on, node_state(pool, on))
+        fresh[key] = got
+        nodes.append(got[0])
+        states.append(got[1])
+    p.node_memo = fresh
+    return nodes, states
 
 
 def replica_counts(states: Iterable[WorkloadState]) -> dict[Pair, tuple[int, int]]:
@@ -134,16 +208,20 @@ def network_of(scenario: Scenario, catalog: NetworkCatalog | None
 def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     now = engine.now
     tau = engine.config.demand_tau_s
+    reuse = engine.config.reuse_observations
     clusters = list(engine.clusters.values())
+    members = tuple(Member(cluster=registration(c, now)) for c in clusters)
     inventory = {c.name: Inventory(
-        observed_s=now, nodes=tuple(n for p in c.pools for n in observed_nodes(c, p, now)),
-        reclaims={p.name: p.reclaims for p in c.pools}, since_s=0.0) for c in clusters}
+        observed_s=now, reclaims={p.name: p.reclaims for p in c.pools}, since_s=0.0,
+        observations={p.name: pool_observation(c, p, pool, now, reuse=reuse)
+                      for p, pool in zip(c.pools, m.cluster.pools, strict=True)})
+        for c, m in zip(clusters, members, strict=True)}
     demand = {(c.name, p.name): (decayed(p.demand_cpu_per_s, p.demand_at_s, now, tau),
                                  decayed(p.demand_gpu_per_s, p.demand_at_s, now, tau))
               for c in clusters for p in c.pools}
     pair_rtt, gbps = engine.network
     return MergeInputs(
-        now_s=now, members=tuple(Member(cluster=registered(c, now)) for c in clusters),
+        now_s=now, members=members,
         inventory=inventory, pending=tuple(pending_workload(ws) for ws in batch),
         replicas=replica_counts(engine.workloads.values()), demand=demand,
         user_regions=tuple(UserRegion(u.name, u.lat, u.lon)

@@ -5,7 +5,9 @@ are paid and may be reserved, but replicas on them start only once they are up),
 and what runs on it: CPU, memory and GPUs are tracked per node, because Kubernetes places a
 pod on one node and a node can only go when nothing runs on it (no free repacking: a pool is
 not a fluid). Pool totals (`used_cpu`, `used_mem`) are kept alongside for the planner, which
-sees pools in aggregate plus their nodes. The engine checks `used <= allocatable` per node
+sees pools in aggregate plus their nodes. Whatever changes a pool's nodes (what runs on them,
+their timers, the list itself) calls `SimPool.changed()`: the snapshot reuses a pool's
+observed nodes until then (sim/snapshot.py). The engine checks `used <= allocatable` per node
 and per pool after every change; `CapacityError` means a bug, never a normal outcome.
 """
 
@@ -15,9 +17,9 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from broker.domain import Resources
+from broker.domain import Cluster, NodeState, Resources, Workload
 from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
-from broker.placement.observed import decayed
+from broker.placement.observed import ObservedNode, PoolObservation, decayed
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
 
 
@@ -26,6 +28,9 @@ class CapacityError(RuntimeError):
 
 
 _EPS = 1e-9
+# A node as the snapshot reads it: (index, ready, cpu, memory, free GPUs, idle since, prewarmed,
+# underused since).
+NodeKey = tuple[int, bool, float, float, int, float | None, bool, float | None]
 
 
 @dataclass(slots=True, eq=False)
@@ -63,10 +68,22 @@ class SimPool:
     demand_gpu_per_s: float = 0.0  # the same for GPUs
     demand_at_s: float = 0.0  # when the two rates above were last brought up to date
     zones: int = 1  # the cluster's zone count: new nodes go to the zone with fewest nodes
+    version: int = 0  # bumped by `changed()`, whenever a node or the node list changes
+    # The snapshot's reading of the nodes: (version, valid until (a booting node's ready_at),
+    # the reading); sim/snapshot.py owns it.
+    observed: tuple[int, float, PoolObservation] | None = None
+    # Each node's last observed values -> what the snapshot made of them (sim/snapshot.py).
+    node_memo: dict[NodeKey, tuple[ObservedNode, NodeState]] = field(
+        default_factory=dict)
+    gpus_used: tuple[int, int] = (-1, 0)  # (version, GPUs in use then): `used_gpu`'s cache
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def changed(self) -> None:
+        """A node or the node list changed: the snapshot must read the nodes again."""
+        self.version += 1
 
     @property
     def node(self) -> Resources:
@@ -97,7 +114,12 @@ class SimPool:
 
     @property
     def used_gpu(self) -> int:
-        return sum(self.node.gpu - n.gpu_free for n in self.node_list) if self.node.gpu else 0
+        if not self.node.gpu:
+            return 0
+        if self.gpus_used[0] != self.version:
+            gpus = self.node.gpu
+            self.gpus_used = (self.version, sum(gpus - n.gpu_free for n in self.node_list))
+        return self.gpus_used[1]
 
     def free(self) -> Resources:
         n = self.nodes
@@ -171,6 +193,7 @@ class SimPool:
                    n.used_mem / node.memory_gib if node.memory_gib > 0 else 0.0)
 
     def occupy(self, n: Node, cpu: float, mem: float, gpus: int) -> None:
+        self.version += 1
         n.used_cpu += cpu
         n.used_mem += mem
         n.gpu_free -= gpus
@@ -182,6 +205,7 @@ class SimPool:
         self.used_mem += mem
 
     def vacate(self, n: Node, cpu: float, mem: float, gpus: int, now: float) -> None:
+        self.version += 1
         self.used_cpu = max(0.0, self.used_cpu - cpu)
         self.used_mem = max(0.0, self.used_mem - mem)
         if n not in self.node_list:
@@ -199,6 +223,7 @@ class SimPool:
         """Take `gpus` GPUs across nodes (most free first); None if the pool lacks them."""
         if sum(n.gpu_free for n in self.node_list) < gpus:
             return None
+        self.version += 1
         taken: list[Node] = []
         for n in sorted(self.node_list, key=lambda n: -n.gpu_free):
             while n.gpu_free > 0 and len(taken) < gpus:
@@ -210,6 +235,7 @@ class SimPool:
     def add_nodes(self, count: int, ready_at: float, *, prewarmed: bool = False) -> int:
         """Order nodes; each goes to the zone with the fewest nodes (zone-balanced groups)."""
         count = max(0, min(count, self.spec.max_nodes - self.nodes))
+        self.version += 1
         for _ in range(count):
             per_zone = [0] * max(1, self.zones)
             for n in self.node_list:
@@ -245,6 +271,8 @@ class SimCluster:
     down_until: float = -1.0  # site_down
     partitioned_until: float = -1.0  # partition: unreachable for new placements
     quota_vcpu: float | None = None
+    # The snapshot's registration of this cluster and what it was built from (sim/snapshot.py).
+    registered: tuple[tuple[object, ...], Cluster] | None = None
 
     @property
     def name(self) -> str:
@@ -311,6 +339,8 @@ class WorkloadState:
     traffic_rate: float = 0.0
     slo_target: float = 0.0
     slo_violation: float = 0.0
+    # The workload the snapshot last showed and its (replicas, tries, tried_s) (sim/snapshot.py).
+    as_workload: tuple[tuple[int, int, float], Workload] | None = None
 
     @property
     def running(self) -> int:
