@@ -125,6 +125,11 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+# Spec keys of the view that come from the manifests, not the Workload kind: the PATCH route
+# carries them over from the stored spec (routes.patch_workload).
+VIEW_ONLY = ("objects", "clusterNames", "replicaSplit", "staticWeightList")
+
+
 def patched_document(view: dict[str, Any], patch: Any, *, native: bool) -> dict[str, Any]:
     """The skyfed `Workload` document of a workload (`views.workload_view`) with `patch`
     merged in, ready for validation; SpecError for what a patch may not change."""
@@ -142,8 +147,7 @@ def patched_document(view: dict[str, Any], patch: Any, *, native: bool) -> dict[
     base = {"apiVersion": "skyfed.io/v1", "kind": "Workload",
             "metadata": {"name": view["metadata"]["name"],
                          "labels": view["metadata"]["labels"]},
-            "spec": {k: v for k, v in view["spec"].items()
-                     if k not in ("objects", "clusterNames")}}
+            "spec": {k: v for k, v in view["spec"].items() if k not in VIEW_ONLY}}
     doc: dict[str, Any] = merge_patch(base, {k: v for k, v in patch.items()
                                              if k in ("metadata", "spec")})
     return doc

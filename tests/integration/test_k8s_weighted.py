@@ -64,6 +64,13 @@ async def test_a_weighted_policy_is_stored_with_its_split_and_placed_by_it(
     [placed] = plan.placements
     # 3 replicas at 1:2 (Karmada's Webster division), though "cheap" costs less than half.
     assert {a.cluster: a.replicas for a in placed.assignments} == {"cheap": 1, "dear": 2}
+    # A merge patch of its replicas keeps the split (the view's weights are no Workload
+    # fields: the stored ones carry over).
+    r = await c.patch(f"/v1/workloads/{placed.workload_id}", json={"spec": {"replicas": 6}},
+                      headers={**auth, "Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+    assert r.json()["spec"]["replicas"] == 6
+    assert r.json()["spec"]["staticWeightList"] == spec["staticWeightList"]
 
 
 @pytest.mark.parametrize(("weights", "split", "loc"), [
