@@ -77,7 +77,7 @@ class ResourceSelectorIn(_Model):
 
 
 class ClusterAffinityIn(_Model):
-    cluster_names: list[str] = Field(default_factory=list, max_length=1000)
+    cluster_names: list[Key] = Field(default_factory=list, max_length=1000)
     label_selector: MatchLabelsIn | None = None
 
 
