@@ -46,9 +46,8 @@ from broker.domain import (
     WorkloadSpec,
 )
 from broker.placement import lp, pricing
-from broker.placement.candidates import build_candidates
 from broker.placement.ledger import penalties, tenant_budgets
-from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
+from broker.placement.planner import EpochPlan, PlannerConfig, candidates, plan_epoch
 from broker.placement.snapshot import Member, MergeInputs, merge
 from providers.base import Offer
 from providers.catalog import Catalog
@@ -181,9 +180,7 @@ def reference_bound(snap: FederationSnapshot, action: PolicyAction, config: Plan
     column that prices out at the LP optimum is in it), the bound issue 12 asks for; with
     mip_s = 0 it is the LP bound alone.
     """
-    cs = build_candidates(snap, action, k=config.k_candidates,
-                          service_horizon_h=config.service_horizon_h,
-                          site_cost_fraction=config.site_cost_fraction)
+    cs = candidates(snap, action, config)  # the model plan_epoch solves, packing included
     pen = penalties(cs, config.unplaced_penalty_usd)
     budgets = tenant_budgets(snap)
     model = lp.build(cs, pen, budgets)

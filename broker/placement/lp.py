@@ -62,8 +62,10 @@ Solving strategy
    incumbent is the third candidate; the cheapest wins.
 4. gap = (best - bound) / |bound|. Only when it exceeds the target, a
    time-boxed MIP (HiGHS branch-and-cut, warm-started from the best
-   rounding); its dual bound tightens `bound`, its solution is kept if cheaper.
-   Because greedy is a candidate, the result is never worse than greedy's.
+   rounding): the whole program when it is small (its dual bound tightens
+   `bound`), else a neighbourhood of the rounding (`fix_outside`); its
+   solution is kept if cheaper. Because greedy is a candidate, the result is
+   never worse than greedy's.
 
 PuLP is the solver-agnostic back-end (`solver="pulp-cbc" | "pulp-glpk" |
 "pulp-highs" | "pulp-gurobi" | "pulp-cplex"`, and `lp_path` writes the model as

@@ -58,6 +58,7 @@ __all__ = [
     "Prewarm",
     "Retry",
     "SolveStats",
+    "candidates",
     "plan_candidates",
     "plan_epoch",
 ]
@@ -182,18 +183,24 @@ def plan_epoch(
     if len(batch) != len(snapshot.pending):
         snapshot = dataclasses.replace(snapshot, pending=batch)
     if batch:
-        cs = build_candidates(snapshot, action, k=config.k_candidates,
-                              service_horizon_h=config.service_horizon_h,
-                              site_cost_fraction=config.site_cost_fraction,
-                              packing=config.packing,
-                              paid_cost_fraction=config.paid_cost_fraction,
-                              node_boot_s=config.node_boot_s)
+        cs = candidates(snapshot, action, config)
         plan = plan_candidates(cs, snapshot, config, policy=policy,
                                candidates_s=time.perf_counter() - t0)
     else:
         plan = EpochPlan((), {}, (), SolveStats("optimal", 0.0, 0.0, 0.0, 0.0, 0.0,
                                                 source="empty"))
     return with_decisions(plan, snapshot, action, config, policy=policy)
+
+
+def candidates(snapshot: FederationSnapshot, action: PolicyAction,
+               config: PlannerConfig) -> CandidateSet:
+    """The candidate set of `snapshot.pending` as plan_epoch prices it under `config`."""
+    return build_candidates(snapshot, action, k=config.k_candidates,
+                            service_horizon_h=config.service_horizon_h,
+                            site_cost_fraction=config.site_cost_fraction,
+                            packing=config.packing,
+                            paid_cost_fraction=config.paid_cost_fraction,
+                            node_boot_s=config.node_boot_s)
 
 
 def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: PolicyAction,
