@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
@@ -56,7 +57,15 @@ from broker.domain import (
     Workload,
     WorkloadKind,
 )
-from broker.placement.feasibility import family_masks, tenancy_mask
+from broker.placement.feasibility import (
+    GpuClass,
+    family_masks,
+    free_gpu_sets,
+    gpu_class,
+    reserved_nodes,
+    sets_per_new_node,
+    tenancy_mask,
+)
 from broker.placement.network import RttResolver
 from broker.placement.weighted import targets as weighted_targets
 
@@ -113,6 +122,9 @@ class Option:
         return self.pool.pricing
 
 
+_NO_SETS: Mapping[tuple[int, GpuClass], tuple[int, int]] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class CandidateSet:
     """Everything the solvers share about one batch. Arrays are W x O unless noted."""
@@ -140,6 +152,10 @@ class CandidateSet:
     list_compute: FloatArray | None = None
     # Per workload: fixed replicas per cluster of `replicaSplit: weighted` ({}: cost split).
     targets: tuple[Mapping[str, int], ...] = ()
+    # GPU sets (feasibility.py): (option, class) -> (sets free now after the reservation for
+    # queued whole-node jobs, sets per new node), where the LP needs a row for the class.
+    gpu_sets: Mapping[tuple[int, GpuClass], tuple[int, int]] = field(
+        default_factory=lambda: _NO_SETS)
 
     def target(self, w: int) -> Mapping[str, int]:
         """Workload w's weighted shares by cluster; {} when the LP divides by cost."""
@@ -207,11 +223,13 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      workloads: Sequence[Workload] | None = None,
                      site_cost_fraction: float = 1.0, packing: bool = False,
                      paid_cost_fraction: float = PAID_NODE_COST_FRACTION,
-                     node_boot_s: float = NODE_BOOT_S) -> CandidateSet:
+                     node_boot_s: float = NODE_BOOT_S,
+                     queued: Sequence[Workload] = ()) -> CandidateSet:
     """Feasibility, cost and the k best options of every pending workload.
 
     `packing` selects the fixed-charge model (module docstring): marginal per-replica
     compute on paid nodes plus `node_usd` per new node; otherwise the per-replica model.
+    `queued`: pending workloads not in this batch, for feasibility.py's reservation rule.
     """
     wls = tuple(snapshot.pending if workloads is None else workloads)
     options = build_options(snapshot)
@@ -258,7 +276,33 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         demand=demand, replicas=replicas, feasible=feasible, cost=cost, compute=compute,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
         cand=cand, infeasible_counts=counts, domain=domains, visible=visible,
-        targets=targets, node_usd=node_usd, list_compute=list_compute)
+        targets=targets, node_usd=node_usd, list_compute=list_compute,
+        gpu_sets=gpu_set_table(wls, options, feasible, queued))
+
+
+def gpu_set_table(wls: Sequence[Workload], options: Sequence[Option], feasible: BoolArray,
+                  queued: Sequence[Workload]) -> Mapping[tuple[int, GpuClass], tuple[int, int]]:
+    """CandidateSet.gpu_sets: a row for every multi-GPU class on every pool it is feasible
+    on, and for single GPUs too where whole nodes are reserved (feasibility.py)."""
+    classes: dict[GpuClass, list[int]] = {}
+    for i, w in enumerate(wls):
+        cls = gpu_class(w)
+        if cls is not None:
+            classes.setdefault(cls, []).append(i)
+    out: dict[tuple[int, GpuClass], tuple[int, int]] = {}
+    if not classes:
+        return out
+    for j, o in enumerate(options):
+        g = int(o.pool.node.gpu)
+        if g <= 0:
+            continue
+        reserve = reserved_nodes(o.pool, queued) if queued else 0
+        for cls, idx in classes.items():
+            if cls[0] > g or (cls[0] < 2 and reserve == 0) or not feasible[idx, j].any():
+                continue
+            out[(j, cls)] = (free_gpu_sets(o.pool, cls, reserve if cls[0] < g else 0),
+                             sets_per_new_node(o.pool, cls))
+    return out
 
 
 def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[Workload],

@@ -297,8 +297,12 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
     # Another tenant's private cluster is as unknown as a missing one: same error, same words.
     if not any(c.name == force_cluster and may_use(tenant, c) for c in snapshot.clusters):
         raise PlannerError(f"unknown cluster {force_cluster!r}")
+    # The cost model of plan_epoch (site pricing, packing), so "before" is the real plan.
     cs = build_candidates(snapshot, action, k=config.k_candidates,
-                          service_horizon_h=config.service_horizon_h)
+                          service_horizon_h=config.service_horizon_h,
+                          site_cost_fraction=config.site_cost_fraction,
+                          packing=config.packing, paid_cost_fraction=config.paid_cost_fraction,
+                          node_boot_s=config.node_boot_s)
     base = plan_candidates(cs, snapshot, config, policy=policy)
     w = ids.index(workload_id)
     in_cluster = np.array([o.cluster.name == force_cluster for o in cs.options], dtype=bool)

@@ -2,22 +2,127 @@
 
 Split from candidates.py (which combines these masks with costs into a CandidateSet); the
 families and what each means are listed in candidates.py's docstring.
+
+GPU sets. A replica of a k-GPU job needs k free GPUs on one node, joined by NVLink when
+the job asks for an NVLink interconnect (its *class* (k, nvlink)). `free_gpu_sets` counts
+the disjoint sets of a class on a pool's running nodes, each node's carved by
+`topology.disjoint_sets` (repeated `topology.allocate`, best ring first) from the node's
+reference topology with its used GPUs taken as the lowest ids (observed.py's convention,
+the snapshot has no GPU ids), none for an NVLink class where the node's largest free
+NVLink set (`NodeState.largest_free_gpu_set`, when known) is below k; `sets_per_new_node`
+the same on an empty node. A pool whose
+free GPUs form no set of the class and that can add no node (or whose node cannot hold
+one) is infeasible for the job (family `topology`); the LP and the Ledger bound the
+replicas of each class by these counts (lp_rows.gpu_set_rows).
+
+Reservation (the rule for large jobs): when whole-node jobs (k = the node's GPU count) of a
+pool are queued (pending but backing off this epoch, so not in the batch), the pool keeps
+R = min(whole free nodes, queued whole-node replicas) whole free nodes out of the sets
+smaller jobs may take, so they do not break the nodes the large jobs wait for. The large
+jobs' own sets count every whole free node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from broker.domain import Cluster, FederationSnapshot, PricingModel, Toleration, Workload
+from broker.domain import (
+    Cluster,
+    FederationSnapshot,
+    Interconnect,
+    NodeLeaving,
+    Pool,
+    PricingModel,
+    Toleration,
+    Workload,
+)
+from broker.placement import topology
 from broker.placement.network import RttResolver
 
 if TYPE_CHECKING:
     from broker.placement.candidates import BoolArray, FloatArray, Option
 
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
+GpuClass = tuple[int, bool]  # GPUs per replica, needs an NVLink ring
+
+
+def gpu_class(w: Workload) -> GpuClass | None:
+    """The job's GPU set class (module docstring); None without GPUs."""
+    g = int(w.spec.resources.gpu)
+    if g <= 0:
+        return None
+    return g, g > 1 and w.spec.interconnect.rank >= Interconnect.NVLINK_PAIRS.rank
+
+
+@functools.lru_cache(maxsize=8192)
+def _node_sets(instance_type: str, gpus: int, model: str | None, interconnect: Interconnect,
+               free: int, k: int, nvlink: bool) -> int:
+    topo = topology.for_instance(instance_type, gpus, model, interconnect)
+    return len(topology.disjoint_sets(topo, k, range(gpus - free), nvlink=nvlink))
+
+
+def sets_per_new_node(pool: Pool, cls: GpuClass) -> int:
+    """Sets of class `cls` an empty node of the pool holds."""
+    g = int(pool.node.gpu)
+    if g <= 0 or cls[0] > g:
+        return 0
+    return _node_sets(pool.instance_type, g, pool.gpu_model, pool.interconnect, g, *cls)
+
+
+def free_gpu_sets(pool: Pool, cls: GpuClass, reserved: int = 0) -> int:
+    """Disjoint sets of class `cls` free on the pool's running nodes, `reserved` whole free
+    nodes left out (module docstring). Leaving nodes hold none. Without node states: the
+    pool's free GPUs in sets of k, none when its largest free set is known to be smaller."""
+    g = int(pool.node.gpu)
+    k = cls[0]
+    if g <= 0 or k > g:
+        return 0
+    if pool.node_states:
+        total, skipped = 0, 0
+        for n in pool.node_states:
+            free = min(max(int(n.gpu_free), 0), g)
+            if n.leaving is not NodeLeaving.NO or free < k:
+                continue
+            if free == g and skipped < reserved:
+                skipped += 1
+                continue
+            if cls[1] and 0 < n.largest_free_gpu_set < k:
+                continue  # its free GPUs are known to meet across PCIe
+            total += _node_sets(pool.instance_type, g, pool.gpu_model, pool.interconnect,
+                                free, *cls)
+        return total
+    free = max(0, int(pool.free.gpu)) - reserved * g
+    if free < k or 0 < pool.largest_free_gpu_set < k:
+        return 0
+    return free // k
+
+
+def whole_free_nodes(pool: Pool) -> int:
+    """Running (not leaving) nodes of a GPU pool with every GPU free."""
+    g = int(pool.node.gpu)
+    if g <= 0:
+        return 0
+    if pool.node_states:
+        return sum(1 for n in pool.node_states
+                   if n.leaving is NodeLeaving.NO and n.gpu_free >= g)
+    return max(0, int(pool.free.gpu)) // g if pool.largest_free_gpu_set in (0, g) else 0
+
+
+def reserved_nodes(pool: Pool, queued: Iterable[Workload]) -> int:
+    """Whole free nodes kept for queued whole-node jobs (module docstring's rule)."""
+    g = int(pool.node.gpu)
+    if g <= 1:
+        return 0
+    want = sum(max(0, w.spec.replicas) for w in queued
+               if int(w.spec.resources.gpu) == g
+               and (not w.spec.gpu_model
+                    or (pool.gpu_model or "").lower() == w.spec.gpu_model.lower())
+               and pool.interconnect.satisfies(w.spec.interconnect))
+    return min(want, whole_free_nodes(pool)) if want else 0
 
 
 def tolerates_all(tolerations: Sequence[Toleration], taints: Sequence[str]) -> bool:
@@ -92,10 +197,7 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
     want_ic = np.array([w.spec.interconnect.rank if w.spec.resources.gpu > 1 else 0
                         for w in wls])
     ic_ok = want_ic[:, None] <= pool_ic[None, :]
-    free_set = np.array([o.pool.largest_free_gpu_set if (
-        o.pool.can_add_nodes == 0 and o.pool.largest_free_gpu_set > 0) else 1 << 30
-        for o in options])
-    topo_ok = demand[:, None, 2] <= free_set[None, :]
+    topo_ok = _gpu_set_mask(wls, options)
     spot = np.array([o.pool.pricing is PricingModel.SPOT for o in options], dtype=bool)
     spot_ok_w = np.array([w.spec.spot_ok for w in wls], dtype=bool)
     spot_mask = spot_ok_w[:, None] | ~spot[None, :]
@@ -118,6 +220,23 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
         "spot": spot_mask,
         "avoid": _avoid_mask(snapshot, wls, options),
     }
+
+
+def _gpu_set_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArray:
+    """`topology` family: the pool can take one replica's GPU set (module docstring)."""
+    mask = np.ones((len(wls), len(options)), dtype=bool)
+    by_class: dict[GpuClass, list[int]] = {}
+    for i, w in enumerate(wls):
+        cls = gpu_class(w)
+        if cls is not None:
+            by_class.setdefault(cls, []).append(i)
+    for cls, rows in by_class.items():
+        # A pool whose node is too small is the `resources` family's, not this one's.
+        ok = np.array([o.pool.node.gpu < cls[0] or free_gpu_sets(o.pool, cls) > 0
+                       or (o.pool.can_add_nodes > 0 and sets_per_new_node(o.pool, cls) > 0)
+                       for o in options], dtype=bool)
+        mask[np.array(rows, dtype=np.int64)] = ok[None, :]
+    return mask
 
 
 def _per_cluster_mask(wls: Sequence[Workload], options: Sequence[Option],

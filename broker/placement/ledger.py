@@ -10,6 +10,8 @@ Every policy (LP repair, greedy, traditional) places replicas through a
 - tenant and per-workload budgets in USD/h;
 - spread: at most `max_domains` domains;
 - anti-affinity between workloads of the batch (`avoid_workloads`);
+- GPU sets: at most S + K x new nodes replicas of each multi-GPU class on a pool
+  (`CandidateSet.gpu_sets`, feasibility.py; the pool adds nodes for sets as for capacity);
 - weighted shares: at most `CandidateSet.target(w)[c]` replicas of w in cluster c
   (`replicaSplit: weighted`, weighted.py), so no policy moves a share elsewhere.
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from broker.domain import FederationSnapshot, Workload
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quota_headroom
+from broker.placement.feasibility import gpu_class
 
 _EPS = 1e-7
 # Objective cost of one new node in the per-replica model (on top of the apportioned price),
@@ -125,6 +128,11 @@ class Ledger:
         self.clusters_of_w: list[dict[str, int]] = [{} for _ in cs.workloads]
         self.conflicts = conflicts(cs.workloads)
         self.node_usd = node_costs(cs)
+        self.cls = [gpu_class(w) for w in cs.workloads]
+        self.set_used = dict.fromkeys(cs.gpu_sets, 0)
+        self._set_keys: dict[int, list[tuple[int, tuple[int, bool]]]] = {}
+        for key in cs.gpu_sets:
+            self._set_keys.setdefault(key[0], []).append(key)
 
     def _sync_quota(self, cluster: str) -> None:
         for col in (0, 1):
@@ -184,6 +192,10 @@ class Ledger:
         for r in range(3):
             if d[r] > 0:
                 m = min(m, math.floor(cap[r] / d[r] + _EPS))
+        cls = self.cls[i]
+        if cls is not None and (o, cls) in cs.gpu_sets:
+            free, per_node = cs.gpu_sets[(o, cls)]
+            m = min(m, free + per_node * self.node_cap(o) - self.set_used[(o, cls)])
         usdh = float(cs.usd_per_hour[i, o])
         if usdh > 0:
             tenant = cs.workloads[i].tenant
@@ -205,18 +217,33 @@ class Ledger:
         return max(0, m)
 
     # -- updates ---------------------------------------------------------------
+    def _count_sets(self, i: int, o: int, m: int) -> None:
+        cls = self.cls[i]
+        if cls is not None and (o, cls) in self.set_used:
+            self.set_used[(o, cls)] += m
+
+    def _nodes_needed(self, o: int) -> int:
+        """New nodes pool o needs for what is placed on it: capacity and GPU sets."""
+        need = 0
+        for r in range(3):
+            if self.node[o, r] > 0 and self.h[r] > 0:
+                lack = self.usage[o, r] / self.h[r] - self.free[o, r]
+                need = max(need, math.ceil(lack / self.node[o, r] - _EPS))
+        for key in self._set_keys.get(o, ()):
+            free, per_node = self.cs.gpu_sets[key]
+            over = self.set_used[key] - free
+            if over > 0 and per_node > 0:
+                need = max(need, -(-over // per_node))
+        return max(need, 0)
+
     def add(self, i: int, o: int, m: int) -> None:
         """Place m replicas of workload i on option o (caller checked max_fit)."""
         if m <= 0:
             return
         cs = self.cs
         self.usage[o] += m * cs.demand[i]
-        need = 0
-        for r in range(3):
-            if self.node[o, r] > 0:
-                lack = self.usage[o, r] / self.h[r] - self.free[o, r] if self.h[r] > 0 else 0.0
-                need = max(need, math.ceil(lack / self.node[o, r] - _EPS))
-        grow = max(0, need - int(self.new_nodes[o]))
+        self._count_sets(i, o, m)
+        grow = max(0, self._nodes_needed(o) - int(self.new_nodes[o]))
         if grow:
             q = self.quota_left[self.cluster_of[o]]
             if q[0] is not None:
@@ -242,12 +269,8 @@ class Ledger:
         cs = self.cs
         for o, m in self.x[i].items():
             self.usage[o] -= m * cs.demand[i]
-            need = 0
-            for r in range(3):
-                if self.node[o, r] > 0 and self.h[r] > 0:
-                    lack = self.usage[o, r] / self.h[r] - self.free[o, r]
-                    need = max(need, math.ceil(lack / self.node[o, r] - _EPS))
-            shrink = max(0, int(self.new_nodes[o]) - max(need, 0))
+            self._count_sets(i, o, -m)
+            shrink = max(0, int(self.new_nodes[o]) - self._nodes_needed(o))
             if shrink:
                 q = self.quota_left[self.cluster_of[o]]
                 if q[0] is not None:

@@ -35,6 +35,14 @@ workload (weighted.py; clusters without one are infeasible for w).
          Σ_d y_{w,d} ≤ M_w                                         ∀w      (spread max)
          y_{a,c} + y_{b,c} ≤ 1                     ∀ a avoids b, c cluster (anti-affinity)
          Σ_{o∈C(w): cl(o)=c} x_{w,o} ≤ T_{w,c}            ∀w weighted, c   (weighted)
+         Σ_{w∈k} x_{w,o} - K_{o,k} n_o ≤ S_{o,k}            ∀o, k ∈ G(o)     (gpu-sets)
+
+GPU sets. k = (GPUs per replica, needs NVLink) is a job's GPU class; S_{o,k} the
+disjoint k-sets free on o's running nodes (feasibility.free_gpu_sets: topology.allocate
+carves them, NVLink rings only for NVLink jobs; whole nodes reserved for queued
+whole-node jobs left out for smaller classes), K_{o,k} those of an empty node; G(o) the
+multi-GPU classes feasible on o (and single GPUs where nodes are reserved). The capacity
+row alone would let a 2-GPU job use two GPUs on two nodes, or a pair that meets across PCIe.
 
 Packing. F_o is room on nodes that run (are paid) already and costs only c; capacity
 beyond it comes in whole nodes n_o at f_o each. So the program fills paid room first,
@@ -87,6 +95,7 @@ import scipy.sparse as sp
 
 from broker.placement import lp_rows
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray
+from broker.placement.feasibility import gpu_class
 from broker.placement.ledger import node_costs
 
 _BANNER_LOCK = threading.Lock()
@@ -120,6 +129,8 @@ class Model:
     y_keys: list[tuple[int, str, str]]  # (workload, "spread"|"cluster", domain) per y column
     cap_rows: dict[tuple[int, int], int] = field(default_factory=dict)  # (option, res) -> row
     budget_rows: dict[str, int] = field(default_factory=dict)  # tenant -> row
+    # (option, GPU class) -> row of the gpu-sets family
+    set_rows: dict[tuple[int, tuple[int, bool]], int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -173,6 +184,7 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
     budget_rows = lp_rows.budget_rows(cs, rows, x_w, x_o, tenant_budgets)
     y_keys = lp_rows.spread_rows(cs, rows, x_w, x_o, starts, u_start, y_start)
     lp_rows.weighted_rows(cs, rows, x_o, starts)
+    set_rows = lp_rows.gpu_set_rows(cs, rows, x_w, x_o, n_col_of)
     n_y = len(y_keys)
     n_col = y_start + n_y
     cost = np.zeros(n_col)
@@ -204,7 +216,8 @@ def build(cs: CandidateSet, pen: FloatArray, tenant_budgets: dict[str, float]) -
                  row_lo=np.array(rows.lo), row_hi=np.array(rows.hi), row_names=rows.names,
                  x_w=x_w, x_o=x_o, n_x=n_x, u_start=u_start, n_start=n_start,
                  n_opts=used_opts.astype(np.int64), y_start=y_start, n_y=n_y,
-                 y_keys=y_keys, cap_rows=cap_rows, budget_rows=budget_rows)
+                 y_keys=y_keys, cap_rows=cap_rows, budget_rows=budget_rows,
+                 set_rows=set_rows)
 
 
 def quiet_highs() -> Any:
@@ -342,6 +355,14 @@ def reduced_costs(cs: CandidateSet, model: Model, relax: Relaxation, *,
     for (o, r), row in model.cap_rows.items():
         cap_dual[o, r] = y[row]
     rc = cs.cost - y[:n_w, None] - cs.demand @ cap_dual.T
+    if model.set_rows:
+        cls_w: dict[tuple[int, bool], list[int]] = {}
+        for wi, wl in enumerate(cs.workloads):
+            cls = gpu_class(wl)
+            if cls is not None:
+                cls_w.setdefault(cls, []).append(wi)
+        for (o, cls), row in model.set_rows.items():
+            rc[np.array(cls_w.get(cls, []), dtype=np.int64), o] -= y[row]
     if model.budget_rows:
         tenants = [w.tenant for w in cs.workloads]
         t_dual = np.array([y[model.budget_rows[t]] if t in model.budget_rows else 0.0

@@ -2,7 +2,7 @@
 
 `lp.build` assembles the matrix (columns, costs, the demand rows) and calls these for the
 other families of the model in lp.py's docstring: capacity, quota, budget, spread,
-anti-affinity and weighted-share rows, and the bounds on n (new nodes) and x (replicas
+anti-affinity, weighted-share and GPU-set rows, and the bounds on n (new nodes) and x (replicas
 that can ever fit).
 Separate from lp.py so that module stays the model in maths, its assembly and its solve;
 each function here is one inequality family of that docstring, with its index sets.
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quota_headroom
+from broker.placement.feasibility import gpu_class
 from broker.placement.ledger import conflicts
 
 RESOURCES = ("cpu", "memory", "gpu")
@@ -226,3 +227,29 @@ def weighted_rows(cs: CandidateSet, rows: Rows, x_o: IntArray, starts: IntArray)
             sel = cols[where == cname]
             rows.add(sel, np.ones(sel.size), -math.inf, float(replicas),
                      ("weighted", f"{wl.id}|{cname}"))
+
+
+def gpu_set_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
+                 n_col_of: dict[int, int]) -> dict[tuple[int, tuple[int, bool]], int]:
+    """(gpu-sets) rows: Σ_{w of class k} x_{w,o} - K_{o,k} n_o <= S_{o,k} for every
+    (option, class) of CandidateSet.gpu_sets; returns (option, class) -> row."""
+    # n_col_of holds every option (lp.build), so each key's n column exists.
+    out: dict[tuple[int, tuple[int, bool]], int] = {}
+    if not cs.gpu_sets:
+        return out
+    cls_of = [gpu_class(w) for w in cs.workloads]
+    by_key: dict[tuple[int, tuple[int, bool]], list[int]] = {}
+    for col, (w, o) in enumerate(zip(x_w.tolist(), x_o.tolist(), strict=True)):
+        cls = cls_of[w]
+        if cls is not None and (o, cls) in cs.gpu_sets:
+            by_key.setdefault((o, cls), []).append(col)
+    # Every key gets its row, used by a column or not: the row set must not depend on the
+    # candidates (pricing.py adds columns to a solved model).
+    for key, (free, per_node) in cs.gpu_sets.items():
+        cols = by_key.get(key, [])
+        o, (k, nvlink) = key
+        out[key] = len(rows.lo)
+        name = f"{cs.options[o].key}:{k}{'-nvlink' if nvlink else ''}"
+        rows.add([*cols, n_col_of[o]], [1.0] * len(cols) + [-float(per_node)], -math.inf,
+                 float(free), ("gpu-sets", name))
+    return out

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -180,10 +180,13 @@ def plan_epoch(
     cfg = config.decisions
     batch = tuple(w for w in snapshot.pending
                   if decisions.due(w, snapshot.now_s, cfg, snapshot.capacity_changed_s))
+    # Pending work backing off this epoch: whole nodes are reserved for its large jobs.
+    due_ids = {w.id for w in batch}
+    queued = tuple(w for w in snapshot.pending if w.id not in due_ids)
     if len(batch) != len(snapshot.pending):
         snapshot = dataclasses.replace(snapshot, pending=batch)
     if batch:
-        cs = candidates(snapshot, action, config)
+        cs = candidates(snapshot, action, config, queued=queued)
         plan = plan_candidates(cs, snapshot, config, policy=policy,
                                candidates_s=time.perf_counter() - t0)
     else:
@@ -193,14 +196,15 @@ def plan_epoch(
 
 
 def candidates(snapshot: FederationSnapshot, action: PolicyAction,
-               config: PlannerConfig) -> CandidateSet:
-    """The candidate set of `snapshot.pending` as plan_epoch prices it under `config`."""
+               config: PlannerConfig, *, queued: Sequence[Workload] = ()) -> CandidateSet:
+    """The candidate set of `snapshot.pending` as plan_epoch prices it under `config`
+    (`queued`: pending work not in the batch, for the whole-node reservation)."""
     return build_candidates(snapshot, action, k=config.k_candidates,
                             service_horizon_h=config.service_horizon_h,
                             site_cost_fraction=config.site_cost_fraction,
                             packing=config.packing,
                             paid_cost_fraction=config.paid_cost_fraction,
-                            node_boot_s=config.node_boot_s)
+                            node_boot_s=config.node_boot_s, queued=queued)
 
 
 def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: PolicyAction,

@@ -27,6 +27,7 @@ import numpy as np
 
 from broker.placement import lp
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray
+from broker.placement.feasibility import gpu_class
 
 
 @dataclasses.dataclass(slots=True)
@@ -67,6 +68,11 @@ def _columns(cs: CandidateSet, model: lp.Model, pairs: list[tuple[int, int]]
             if d > 0 and (o, r) in model.cap_rows:
                 rows.append(model.cap_rows[(o, r)])
                 vals.append(d)
+        cls = gpu_class(cs.workloads[w])
+        s_row = model.set_rows.get((o, cls)) if cls is not None else None
+        if s_row is not None:
+            rows.append(s_row)
+            vals.append(1.0)
         t_row = model.budget_rows.get(cs.workloads[w].tenant)
         if t_row is not None:
             rows.append(t_row)

@@ -226,6 +226,33 @@ def allocate(topo: NodeTopology, k: int, used: Iterable[int] = ()) -> Allocation
     return best[1] if best else None
 
 
+def nvlink_floor_gbytes(topo: NodeTopology) -> float:
+    """Bandwidth of the topology's weakest NVLink link (inf without NVLink): a ring at or
+    above it runs on NVLink only, since every topology here has PCIe/SMP links below its
+    weakest NVLink (NV1 25 GB/s > PCIe gen3 15.75 GB/s in the cube-mesh)."""
+    bws = [link.gbps / GBIT_PER_GBYTE for link in topo.links if link.kind == "nvlink"]
+    return min(bws) if bws else math.inf
+
+
+def disjoint_sets(topo: NodeTopology, k: int, used: Iterable[int] = (), *,
+                  nvlink: bool = False) -> tuple[Allocation, ...]:
+    """k-GPU sets carved one after another from the free GPUs with `allocate` (each the best
+    ring of what is left); with `nvlink`, only sets whose ring runs on NVLink alone.
+
+    How many replicas of a k-GPU job a node can still take: a 2-GPU NVLink job on a
+    4-GPU pairs node with GPUs 0 and 3 taken gets nothing (1 and 2 meet across PCIe).
+    """
+    taken = set(used)
+    floor = nvlink_floor_gbytes(topo) if nvlink and k > 1 else 0.0
+    out: list[Allocation] = []
+    while True:
+        alloc = allocate(topo, k, taken)
+        if alloc is None or alloc.ring_gbytes < floor - 1e-9:
+            return tuple(out)
+        out.append(alloc)
+        taken.update(alloc.gpus)
+
+
 def largest_nvlink_set(topo: NodeTopology, used: Iterable[int] = ()) -> int:
     """Size of the largest set of free GPUs connected by NVLink (the pool summary the LP sees)."""
     taken = set(used)

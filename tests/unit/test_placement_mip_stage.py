@@ -16,7 +16,7 @@ from broker.placement.planner import PlannerConfig, plan_epoch
 from .placement_world import pool, snapshot, workload
 
 ONE_NODE = Resources(cpu=8, memory_gib=32)
-THREE_GPUS = Resources(cpu=24, memory_gib=200, gpu=3)
+ONE_BIG_NODE = Resources(cpu=24, memory_gib=200)
 
 
 def _ejection_world() -> tuple[Cluster, ...]:
@@ -53,19 +53,20 @@ def test_neighbourhood_mip_moves_only_the_free_workloads() -> None:
     assert only_pinned.x[model.u_start] == pytest.approx(1.0)
 
 
-def _two_gpu_jobs() -> FederationSnapshot:
-    # One pool with 3 GPUs and no room to grow: the relaxation places 1.5 of two 2-GPU
-    # jobs, any integer plan one; so there is a gap only a MIP can close.
+def _two_big_jobs() -> FederationSnapshot:
+    # One pool with one 24-vCPU node and no room to grow: the relaxation places 1.4 of two
+    # 16-vCPU jobs, any integer plan one; so there is a gap only a MIP can close. (CPU, not
+    # GPUs: the gpu-sets rows make the relaxation of GPU jobs on one node integral.)
     clusters = (Cluster(name="g", provider="aws", region="us-east-1", lat=38.9, lon=-77.4,
-                        pools=(pool("gpu3", price=3.0, nodes=1, max_nodes=1,
-                                    node=THREE_GPUS, gpu_model="A100"),)),)
-    jobs = tuple(workload(f"j{i}", kind=WorkloadKind.TRAIN, cpu=4, mem=16, gpu=2,
-                          gpu_model="A100", duration_s=3600) for i in range(2))
+                        pools=(pool("big", price=3.0, nodes=1, max_nodes=1,
+                                    node=ONE_BIG_NODE),)),)
+    jobs = tuple(workload(f"j{i}", kind=WorkloadKind.TRAIN, cpu=16, mem=16,
+                          duration_s=3600) for i in range(2))
     return snapshot(jobs, clusters=clusters)
 
 
 def test_small_models_get_the_whole_mip_and_its_bound() -> None:
-    snap = _two_gpu_jobs()
+    snap = _two_big_jobs()
     plan = plan_epoch(snap, PolicyAction(), PlannerConfig(mip_gap=0.0, explain=False))
     st = plan.stats
     assert st.mip_used
@@ -77,7 +78,7 @@ def test_small_models_get_the_whole_mip_and_its_bound() -> None:
 
 
 def test_large_models_get_a_neighbourhood_whose_bound_is_not_claimed() -> None:
-    snap = _two_gpu_jobs()
+    snap = _two_big_jobs()
     cfg = dataclasses.replace(PlannerConfig(mip_gap=0.0, explain=False), mip_max_columns=0)
     plan = plan_epoch(snap, PolicyAction(), cfg)
     st = plan.stats
