@@ -91,8 +91,10 @@ def to_columns(ledger: Ledger, model: Model) -> FloatArray:
 
 
 def _local_objective(ledger: Ledger, pen: FloatArray, ws: tuple[int, ...]) -> float:
+    """The objective terms a move of `ws` can change: their replicas and penalties, and
+    every new node's charge (a move may open or close nodes anywhere it touches)."""
     cs = ledger.cs
-    total = 0.0
+    total = float(ledger.node_usd @ ledger.new_nodes)
     for w in ws:
         total += sum(m * float(cs.cost[w, o]) for o, m in ledger.x[w].items())
         total += (int(cs.replicas[w]) - ledger.placed(w)) * float(pen[w])
