@@ -19,6 +19,18 @@ them.
   (`NodeState.underused_since_s`) and whose requests fit on the pool's other nodes is
   removed; one non-empty node per cluster per epoch (`--max-drain-parallelism` default 1).
 
+- `lp` (packing, this planner's own rule): a ready cloud node under Cluster Autoscaler's 0.5
+  utilisation whose replicas fit on the pool's other nodes is drained only when (1) every
+  workload it reports (`NodeState.workloads`; a node that does not say is left alone) is
+  restartable: a batch or training job that accepts spot (`spot_ok`: it has agreed to be
+  stopped and restarted, which is what a checkpointing job does), so no service is ever
+  drained and none drops below its replicas; and (2) the saving pays the restart: the node's
+  price over the hours its longest job still has at least (submitted + duration - now,
+  capped at the objective horizon) exceeds the restart cost, each job's whole run rate
+  (`Placement.cost_usd_per_hour`: a gang restarts whole) over RESTART_LOST_S of lost work
+  (half of an assumed 30-minute checkpoint interval, an assumption stated as one). At most
+  ceil(10 %) of a pool's nodes per epoch (Karpenter's default disruption budget).
+
 "Fit" is checked on the aggregate free room of the receivers (CPU, memory, GPUs) and the
 largest free GPU set of one receiver for the node's GPUs: the node's own per-pod layout is
 not in the snapshot.
@@ -30,7 +42,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.domain import Cluster, FederationSnapshot, NodeLeaving, NodeState, Pool, PricingModel
+from broker.domain import (
+    Cluster,
+    FederationSnapshot,
+    NodeLeaving,
+    NodeState,
+    Pool,
+    PricingModel,
+    Workload,
+    WorkloadKind,
+)
 from broker.placement.kinds import PoolScaleIn
 
 Pair = tuple[str, str]
@@ -38,6 +59,11 @@ CA_UTILIZATION_THRESHOLD = 0.5
 CA_UNNEEDED_S = 600.0
 CA_MAX_DRAIN = 1
 KARPENTER_BUDGET_FRACTION = 0.1
+# Work a restarted job loses: half of an assumed 30-minute checkpoint interval (the `lp` rule).
+RESTART_LOST_S = 900.0
+# Hours the `lp` rule counts a drained node's saving over at most (PlannerConfig's default
+# service horizon: what the objective prices a node over).
+SAVING_HORIZON_H = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +128,48 @@ def _pool_nodes(c: Cluster, p: Pool, now_s: float, *, max_nodes: int,
     return tuple(n.name for n in chosen)
 
 
+def restartable(w: Workload | None) -> bool:
+    """A batch or training job that accepts being stopped and restarted (the `lp` rule)."""
+    return w is not None and w.spec.kind is not WorkloadKind.SERVICE and w.spec.spot_ok
+
+
+def _worth_draining(n: NodeState, p: Pool, snapshot: FederationSnapshot) -> bool:
+    """The `lp` rule's conditions (1) and (2) for one node (module docstring)."""
+    if not n.workloads:
+        return False
+    specs = [snapshot.workloads.get(w) for w in n.workloads]
+    if not all(restartable(w) for w in specs):
+        return False
+    left_h = max(((w.submitted_s + (w.spec.duration_s or 0.0) - snapshot.now_s) / 3600.0
+                  for w in specs if w is not None), default=0.0)
+    saving = p.price_usd_per_hour * min(SAVING_HORIZON_H, max(0.0, left_h))
+    rate = {pl.workload_id: pl.cost_usd_per_hour for pl in snapshot.running}
+    restart = sum(rate.get(w, 0.0) for w in n.workloads) * RESTART_LOST_S / 3600.0
+    return saving > restart + 1e-9
+
+
+def _lp_nodes(p: Pool, snapshot: FederationSnapshot, max_nodes: int) -> tuple[str, ...]:
+    """Nodes of one pool the `lp` rule drains (module docstring)."""
+    usable = [n for n in p.node_states if _usable(n)]
+    cands = [n for n in usable if _busy(n, p) and utilization(n, p) < CA_UTILIZATION_THRESHOLD
+             and _worth_draining(n, p, snapshot)]
+    cands.sort(key=lambda n: (utilization(n, p), n.name))
+    chosen: list[NodeState] = []
+    for n in cands:
+        if len(chosen) >= max_nodes:
+            break
+        others = [r for r in usable if r.name != n.name and r not in chosen]
+        if others and _fits(n, p, _room(others, p)):
+            chosen.append(n)
+    return tuple(n.name for n in chosen)
+
+
 def consolidations(snapshot: FederationSnapshot, policy: str,
                    skip: frozenset[Pair] | set[Pair] = frozenset(),
                    budget: Mapping[str, float] | None = None) -> tuple[PoolScaleIn, ...]:
     """PoolScaleIn(reason="consolidate") of non-empty nodes for `policy` (module docstring);
     () for policies without such a rule. Pools in `skip` (growing this epoch) are left."""
-    if policy not in ("karpenter", "traditional"):
+    if policy not in ("karpenter", "traditional", "lp"):
         return ()
     fraction = (budget or {}).get("karpenter", KARPENTER_BUDGET_FRACTION)
     out = []
@@ -118,7 +180,10 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
         for p in c.pools:
             if p.pricing is PricingModel.EDGE or (c.name, p.name) in skip or not p.node_states:
                 continue
-            if policy == "karpenter":
+            if policy == "lp":
+                names = _lp_nodes(p, snapshot, math.ceil(KARPENTER_BUDGET_FRACTION
+                                                         * len(p.node_states)))
+            elif policy == "karpenter":
                 limit = math.ceil(fraction * len(p.node_states))
                 names = _pool_nodes(c, p, snapshot.now_s, max_nodes=limit, underused_for_s=None)
             else:

@@ -215,8 +215,9 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     of forecast demand (PREWARM_POLICIES: traditional and karpenter copy systems without it);
     migrations (all four rules for "lp", node-loss for every policy); then scale-in of idle
     nodes in pools nothing grows or lands on this epoch (at once for "karpenter",
-    consolidateAfter 0 s), and the baselines' drains of under-used nodes (consolidate.py:
-    Karpenter's WhenEmptyOrUnderutilized, Cluster Autoscaler's 0.5 threshold).
+    consolidateAfter 0 s), and drains of under-used nodes (consolidate.py: Karpenter's
+    WhenEmptyOrUnderutilized, Cluster Autoscaler's 0.5 threshold, and for "lp" only nodes
+    whose work is all restartable and whose saving pays the restart).
     """
     cfg = config.decisions
     specs: dict[str, Workload] = {w.id: w for w in snapshot.pending}
