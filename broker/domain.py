@@ -292,14 +292,26 @@ class Pool:
     # running yet (placed, starting or waiting for a node): the policy's queue feature.
     replicas_placed: int = 0
     replicas_starting: int = 0
+    # `provisioned` and `free`, computed on first use (a pool is a value, and the planner asks
+    # for them per option and per row: ~400 k times an hour of federation-day). Not data.
+    _provisioned: Resources | None = field(default=None, init=False, repr=False, compare=False)
+    _free: Resources | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def provisioned(self) -> Resources:
-        return self.node.scale(self.nodes)
+        prov = self._provisioned
+        if prov is None:
+            prov = self.node.scale(self.nodes)
+            object.__setattr__(self, "_provisioned", prov)
+        return prov
 
     @property
     def free(self) -> Resources:
-        return self.provisioned - self.used
+        free = self._free
+        if free is None:
+            free = self.provisioned - self.used
+            object.__setattr__(self, "_free", free)
+        return free
 
     @property
     def can_add_nodes(self) -> int:
