@@ -93,27 +93,39 @@ def fit_bounds(cs: CandidateSet, x_w: IntArray, x_o: IntArray, used_opts: IntArr
 
 def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
                    used_opts: IntArray, n_col_of: dict[int, int]) -> dict[tuple[int, int], int]:
-    """(capacity) rows per option and resource its nodes have; returns (option, res) -> row."""
+    """(capacity) rows per option and resource its nodes have; returns (option, res) -> row.
+
+    Rows are numbered option by option (in `used_opts` order), resource by resource; their
+    coefficients are built for all rows at once (this runs every epoch, ~600 rows).
+    """
     hv = cs.headroom_vec()
     out: dict[tuple[int, int], int] = {}
     node = cs.option_node()
-    order = np.argsort(x_o, kind="stable")
-    bounds = np.searchsorted(x_o[order], used_opts, side="left")
-    ends = np.searchsorted(x_o[order], used_opts, side="right")
-    for k, o in enumerate(used_opts):
-        cols = order[bounds[k]:ends[k]]
-        pool = cs.options[int(o)].pool
-        rhs = (hv[0] * max(0.0, pool.free.cpu), hv[1] * max(0.0, pool.free.memory_gib),
-               hv[2] * max(0.0, float(pool.free.gpu)))
-        for r in range(3):
-            d = cs.demand[x_w[cols], r]
-            if node[int(o), r] <= 0:
-                continue
-            all_cols = np.append(cols, n_col_of[int(o)])
-            vals = np.append(d, -hv[r] * node[int(o), r])
-            out[(int(o), r)] = len(rows.lo)
-            rows.add(all_cols, vals, -math.inf, rhs[r],
-                     ("capacity", f"{cs.options[int(o)].key}:{RESOURCES[r]}"))
+    used = np.asarray(used_opts, dtype=np.int64)
+    has = ~(node[used] <= 0)  # (option k, resource r): a row
+    row_of = np.full(has.shape, -1, dtype=np.int64)
+    row_of[has] = len(rows.lo) + np.arange(int(has.sum()), dtype=np.int64)
+    for k, r in zip(*np.nonzero(has), strict=True):
+        o = int(used[k])
+        free = cs.options[o].pool.free
+        rhs = (free.cpu, free.memory_gib, float(free.gpu))[r]
+        out[(o, int(r))] = int(row_of[k, r])
+        rows.lo.append(-math.inf)
+        rows.hi.append(hv[r] * max(0.0, rhs))
+        rows.names.append(("capacity", f"{cs.options[o].key}:{RESOURCES[r]}"))
+    k_of = np.full(len(cs.options), -1, dtype=np.int64)
+    k_of[used] = np.arange(used.size, dtype=np.int64)
+    cols = np.flatnonzero(k_of[x_o] >= 0)  # x columns on a used option
+    ks = k_of[x_o[cols]]
+    for r in range(3):  # d[w] x[w,o] of each row
+        on = has[ks, r]
+        rows.r.append(row_of[ks[on], r])
+        rows.c.append(cols[on].astype(np.int64))
+        rows.v.append(np.asarray(cs.demand[x_w[cols[on]], r], dtype=np.float64))
+    kk, rr = np.nonzero(has)  # - h[r] node[o,r] n_o of each row
+    rows.r.append(row_of[kk, rr])
+    rows.c.append(np.array([n_col_of[int(used[k])] for k in kk], dtype=np.int64))
+    rows.v.append(np.asarray(-hv[rr] * node[used[kk], rr], dtype=np.float64))
     return out
 
 
