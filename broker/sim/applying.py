@@ -308,6 +308,9 @@ def observe_idle(eng: Engine) -> None:
         if c.spec.fixed:
             continue
         for p in c.pools:
+            # Unchanged since its last pass and no node came up since: nothing to do.
+            if p.idle_seen[0] == p.version and now < p.idle_seen[1]:
+                continue
             idle = {id(n) for n in p.idle_nodes(now)}
             for n in p.node_list:
                 if id(n) not in idle:
@@ -317,3 +320,5 @@ def observe_idle(eng: Engine) -> None:
                 elif n.idle_since is None:
                     n.idle_since = now
                     p.changed()
+            p.idle_seen = (p.version, min((n.ready_at for n in p.node_list if n.ready_at > now),
+                                          default=math.inf))

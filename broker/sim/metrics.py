@@ -93,13 +93,22 @@ class Metrics:
         cost = cpu_u = cpu_p = gpu_u = gpu_p = 0.0
         for c in self.engine.clusters.values():
             for p in c.pools:
-                n = p.nodes
-                cost += n * p.price_usd_per_hour
-                cpu_p += n * p.node.cpu
-                cpu_u += p.used_cpu
+                # A pool's terms change only with its version or price (state.py).
+                kept = p.rates
+                if kept is None or kept[0] != p.version or kept[1] != p.price_factor:
+                    n = p.nodes
+                    gpus = p.node.gpu
+                    kept = (p.version, p.price_factor, (
+                        n * p.price_usd_per_hour, n * p.node.cpu, p.used_cpu,
+                        n * gpus if gpus else 0.0, p.used_gpu if gpus else 0))
+                    p.rates = kept
+                p_cost, p_cpu_p, p_cpu_u, p_gpu_p, p_gpu_u = kept[2]
+                cost += p_cost
+                cpu_p += p_cpu_p
+                cpu_u += p_cpu_u
                 if p.node.gpu:
-                    gpu_p += n * p.node.gpu
-                    gpu_u += p.used_gpu
+                    gpu_p += p_gpu_p
+                    gpu_u += p_gpu_u
         self.cost_rate, self.cpu_used, self.cpu_prov = cost / 3600.0, cpu_u, cpu_p
         self.gpu_used, self.gpu_prov = gpu_u, gpu_p
         self._dirty = False

@@ -76,6 +76,10 @@ class SimPool:
     node_memo: dict[NodeKey, tuple[ObservedNode, NodeState]] = field(
         default_factory=dict)
     gpus_used: tuple[int, int] = (-1, 0)  # (version, GPUs in use then): `used_gpu`'s cache
+    # (version, valid until) after the last idle-timer pass (sim/applying.py observe_idle).
+    idle_seen: tuple[int, float] = (-1, -math.inf)
+    # (version, price factor, its terms of the cost and utilisation rates) (sim/metrics.py).
+    rates: tuple[int, float, tuple[float, float, float, float, int]] | None = None
 
     @property
     def name(self) -> str:
