@@ -310,8 +310,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
             per_workload=config.pricing_columns,
             min_gain=config.pricing_min_gain,
             budget_s=config.pricing_time_frac * config.time_limit_s,
-            lp_time_limit_s=config.lp_time_limit_s,
-            start=rounding.to_columns(g, model) if g is not None else None)
+            lp_time_limit_s=config.lp_time_limit_s)
     except lp.SolverError:
         # Never leave an epoch without a plan: fall back to the greedy incumbent.
         fallback = g if g is not None else greedy(cs, snapshot)
