@@ -160,6 +160,14 @@ def _unplaced_and_cost(plan: Any) -> tuple[int, float]:
     return len(plan.unplaced), sum(p.cost_usd_per_hour for p in plan.placements)
 
 
+def _new_nodes(plan: Any, snap: FederationSnapshot) -> dict[str, float]:
+    """Nodes the plan opens and their price: what the packing model saves."""
+    price = {(c.name, p.name): p.price_usd_per_hour for c in snap.clusters for p in c.pools}
+    return {"nodes": sum(s.add_nodes for s in plan.scale),
+            "usd_per_hour": round(sum(s.add_nodes * price.get((s.cluster, s.pool), 0.0)
+                                      for s in plan.scale), 2)}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Reference:
     """The bounds the timed run is measured against (computed untimed)."""
@@ -249,6 +257,11 @@ def run_size(catalog: Catalog, size: str, *, repeats: int, seed: int,
     unp, cost = _unplaced_and_cost(plan)
     g_unp, g_cost = _unplaced_and_cost(g)
     t_unp, t_cost = _unplaced_and_cost(t)
+    opened = {"lp": _new_nodes(plan, snap), "greedy": _new_nodes(g, snap),
+              "traditional": _new_nodes(t, snap)}
+    if config.packing and n_w <= proven_max_workloads:  # untimed: the per-replica model
+        opened["lp_per_replica_model"] = _new_nodes(plan_epoch(
+            snap, action, dataclasses.replace(config, packing=False)), snap)
 
     def gap_to(bound: float, objective: float = st.objective) -> float:
         return round((objective - bound) / max(abs(bound), 1e-9), 5)
@@ -290,6 +303,7 @@ def run_size(catalog: Catalog, size: str, *, repeats: int, seed: int,
         "unplaced": {"lp": unp, "greedy": g_unp, "traditional": t_unp},
         "placed_usd_per_hour": {"lp": round(cost, 2), "greedy": round(g_cost, 2),
                                 "traditional": round(t_cost, 2)},
+        "new_nodes": opened,
     }
 
 
