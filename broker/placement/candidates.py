@@ -269,7 +269,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
         tuple(() for _ in wls)
-    cand = _prune(wls, _prune_key(cost, demand, options, node, node_usd), k, domains,
+    cand = _prune(wls, _prune_key(cost, demand, options, usdh, node_usd), k, domains,
                   targets, options)
     return CandidateSet(
         workloads=wls, options=options, headroom=min(max(action.headroom, 0.0), 1.0),
@@ -322,20 +322,25 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
 
 
 def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
-               node: FloatArray, node_usd: FloatArray | None) -> FloatArray:
+               usdh: FloatArray, node_usd: FloatArray | None) -> FloatArray:
     """Cost to rank candidates by: with packing, plus the replica's share of a new node's
-    charge where the pool's free room cannot take one replica (it would open a node)."""
+    charge where the pool's free room cannot take one replica (it would open a node).
+
+    The share of the charge is usd_per_hour x the node's charged hours (node_usd / price),
+    computed in place: at 20000 x 2000 every W x O temporary is 320 MB.
+    """
     if node_usd is None or not len(options):
         return cost
     free = np.array([[o.pool.free.cpu, o.pool.free.memory_gib, float(o.pool.free.gpu)]
                      for o in options], dtype=np.float64)
-    inv = np.divide(1.0, node, out=np.zeros_like(node), where=node > 0)
+    price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
+    hours = np.divide(node_usd, price, out=np.zeros_like(node_usd), where=price > 0)
     fits_free = np.ones(cost.shape, dtype=bool)
-    share = np.zeros(cost.shape)
     for r in range(3):
         fits_free &= demand[:, r, None] <= free[None, :, r] + 1e-9
-        np.maximum(share, np.outer(demand[:, r], inv[:, r]), out=share)
-    out: FloatArray = cost + np.where(fits_free, 0.0, np.minimum(share, 1.0) * node_usd[None, :])
+    out: FloatArray = usdh * hours[None, :]
+    out[fits_free] = 0.0
+    out += cost
     return out
 
 
