@@ -1,6 +1,6 @@
 """Print docs/twin.md's results table: `skyfed bench twin --json` over scenarios, as Markdown.
 
-    .venv/bin/python scripts/twin_table.py --seeds 3 \
+    .venv/bin/python scripts/twin_table.py --seeds 3 [--policies lp,greedy] \
         config/scenarios/retail-peak config/scenarios/gpu-training config/scenarios/edge-heavy
 
 Each scenario is one `skyfed bench twin --scenario S/scenario.toml --seeds N --json` run (all
@@ -31,10 +31,12 @@ def _cell(value: object, ci: object) -> str:
     return text
 
 
-def bench(scenario: Path, seeds: int, skyfed: str) -> dict[str, object]:
+def bench(scenario: Path, seeds: int, skyfed: str,
+          policies: str | None = None) -> dict[str, object]:
     toml = scenario / "scenario.toml" if scenario.is_dir() else scenario
+    extra = ["--policies", policies] if policies else []
     out = subprocess.run([skyfed, "bench", "twin", "--scenario", str(toml), "--seeds",
-                          str(seeds), "--json", "--no-progress"], check=True,
+                          str(seeds), "--json", "--no-progress", *extra], check=True,
                          capture_output=True, text=True)
     doc: dict[str, object] = json.loads(out.stdout)
     return doc
@@ -58,10 +60,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenarios", nargs="+", type=Path)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--policies", help="comma-separated policies (default: all the twin knows)")
     ap.add_argument("--skyfed", default=str(Path(sys.executable).with_name("skyfed")))
     ap.add_argument("--save", type=Path, help="also write the bench JSON documents here")
     args = ap.parse_args()
-    docs = [bench(s, args.seeds, args.skyfed) for s in args.scenarios]
+    docs = [bench(s, args.seeds, args.skyfed, args.policies) for s in args.scenarios]
     if args.save:
         args.save.write_text(json.dumps(docs, indent=1))
     print(table(docs))
