@@ -175,8 +175,18 @@ class SimPool:
         in the same order, so sorting the nodes once by `best_node`'s key is the same rule.
         """
         node = self.node
-        room = [(n, self.fit_count(n, cpu, mem, gpus)) for n in self.node_list]
-        room = [(n, k) for n, k in room if k > 0]
+        room = []
+        big, n_cpu, n_mem = 1 << 30, node.cpu, node.memory_gib
+        for n in self.node_list:  # fit_count, inlined: this scans the pool per placement
+            k = big
+            if cpu > 0:
+                k = min(k, int((n_cpu - n.used_cpu) / cpu + _EPS))
+            if mem > 0:
+                k = min(k, int((n_mem - n.used_mem) / mem + _EPS))
+            if gpus > 0:
+                k = min(k, n.gpu_free // gpus)
+            if k > 0:
+                room.append((n, k))
         room.sort(key=lambda nk: (nk[0].ready_at > now, nk[0].gpu_free if gpus else 0,
                                   node.cpu - nk[0].used_cpu, nk[0].ready_at))
         out: list[Node] = []
