@@ -433,15 +433,24 @@ class PolicyAction:
     """What the RL policy may steer; the LP keeps every hard constraint.
 
     `cluster_bias_usd_per_hour` is added to the per-replica objective of every
-    option in that cluster (negative = preferred). `headroom` scales usable
-    pool capacity (0 < headroom <= 1). `prewarm_lead_s` is how long before the
-    predicted need the edge hub / autoscaler starts prewarming.
+    option in that cluster (negative = preferred; the affinity weight). `headroom`
+    scales usable pool capacity (0 < headroom <= 1; the allocation ratio).
+    `prewarm_lead_s` is how far ahead of forecast demand nodes are ordered.
+    Per cluster, applied to each of its pools (missing cluster: the fixed rule):
+    `idle_timeout_s` replaces DecisionConfig.scale_in_idle_s (how long a node stays
+    empty before it is removed); `warm_nodes` is how many empty ready nodes a pool
+    keeps instead of scaling them in (its warm pool); `spot_bias_usd_per_hour` is
+    added to the per-replica objective of the cluster's spot options only (positive =
+    less spot: it steers the spot share). The defaults are the fixed weights (`lp`).
     """
 
     cluster_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
     headroom: float = 0.9
     prewarm_lead_s: float = 120.0
     latency_weight_usd_per_ms: float = 0.001
+    idle_timeout_s: Mapping[str, float] = field(default_factory=dict)
+    warm_nodes: Mapping[str, int] = field(default_factory=dict)
+    spot_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,11 @@ def train(
         help="optuna TPE trials tuning the reward weights against the operator target")] = 0,
     target: Annotated[Path | None, typer.Option(
         help="operator target TOML (default config/scenarios/operator_target.toml)")] = None,
+    jobs: Annotated[int, typer.Option(
+        min=1, max=64, help="rollout processes (an update's episodes run in parallel)")] = 1,
+    lr: Annotated[float, typer.Option(min=1e-6, max=0.1, help="Adam learning rate")] = 3e-4,
+    start: Annotated[Path | None, typer.Option(
+        help="continue training from this checkpoint (its metadata is kept)")] = None,
 ) -> None:
     """Train the actor-critic policy (PPO+GAE) in the twin on randomized scenarios. CPU only."""
     from broker.sim.scenario import ScenarioError
@@ -113,7 +118,8 @@ def train(
     try:
         tgt = load_target(target)
         cfg = TrainConfig(minutes=minutes, seed=seed, scenarios=tuple(scenario or ()),
-                          tune_trials=tune_trials, target=tgt, episodes=episodes)
+                          tune_trials=tune_trials, target=tgt, episodes=episodes, jobs=jobs,
+                          lr=lr, start=start)
         summary = train_policy(cfg, out)
     except (ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None

@@ -128,7 +128,10 @@ class PolicyRuntime:
         return self.identity() | {
             "bias_usd_per_hour": dict(action.cluster_bias_usd_per_hour),
             "headroom": action.headroom, "prewarm_lead_s": action.prewarm_lead_s,
-            "latency_weight_usd_per_ms": action.latency_weight_usd_per_ms}
+            "latency_weight_usd_per_ms": action.latency_weight_usd_per_ms,
+            "idle_timeout_s": dict(action.idle_timeout_s),
+            "warm_nodes": dict(action.warm_nodes),
+            "spot_bias_usd_per_hour": dict(action.spot_bias_usd_per_hour)}
 
     def _baseline_and_remember(self, obs: GraphObs, *, remember: bool = True
                                ) -> tuple[np.ndarray, np.ndarray]:
@@ -246,11 +249,16 @@ def explain_policy(model: ActorCritic, record: Mapping[str, Any], *,
 
 
 def _output(action: PolicyAction, name: str) -> float:
+    """The value of output `name` (policy.output_names) in `action`."""
     if name == "headroom":
         return action.headroom
     if name == "prewarm_lead_s":
         return action.prewarm_lead_s
-    return float(action.cluster_bias_usd_per_hour.get(name[len("bias["):-1], 0.0))
+    field, _, cluster = name.partition("[")
+    per_cluster = {"bias": action.cluster_bias_usd_per_hour,
+                   "idle_timeout_s": action.idle_timeout_s, "warm_nodes": action.warm_nodes,
+                   "spot_bias_usd_per_hour": action.spot_bias_usd_per_hour}.get(field, {})
+    return float(per_cluster.get(cluster.rstrip("]"), 0.0))
 
 
 def one_torch_thread() -> None:

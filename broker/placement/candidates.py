@@ -20,7 +20,7 @@ of W workloads and O options this module computes, vectorised with numpy:
   `compute` = node price x dominant resource share x expected hours,
   `egress` = data GB x USD/GB to the option's region / replicas,
   `latency` = latency weight (USD/ms) x RTT, and
-  `bias` = the policy's cluster bias (USD/h) x expected hours.
+  `bias` = the policy's cluster bias (USD/h, plus its spot bias on spot options) x expected hours.
 - `cand[w]`: the k cheapest feasible options (plus the cheapest per spread
   domain, and the k cheapest of each cluster with a weighted share), the LP's columns;
   "cheapest" counts the replica's share of a new node's charge where the pool has
@@ -365,6 +365,8 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
                          else 1.0 for o in options], dtype=np.float64)
     compute = usdh * marginal[None, :] * hours[:, None]
     bias_c = np.array([action.cluster_bias_usd_per_hour.get(o.cluster.name, 0.0)
+                       + (action.spot_bias_usd_per_hour.get(o.cluster.name, 0.0)
+                          if o.pool.pricing is PricingModel.SPOT else 0.0)
                        for o in options], dtype=np.float64)
     bias = hours[:, None] * bias_c[None, :]
     egress = _egress(snapshot, wls, options, clusters)

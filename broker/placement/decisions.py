@@ -19,6 +19,9 @@ a node observed empty (`NodeState.idle_since_s`, kept by the inventory poller li
 engine in the twin) for at least `scale_in_idle_s` is removed, unless the pool is growing
 this epoch; never more nodes than the pool's free capacity after this epoch's placements
 holds (aggregate CPU and memory), never a booting or leaving node, never on fixed sites.
+The policy may set the timer per cluster (`PolicyAction.idle_timeout_s`, else
+`scale_in_idle_s`) and a warm pool (`PolicyAction.warm_nodes`): that many empty ready nodes
+of each of the cluster's pools are kept (the longest idle go first).
 
 Prewarm (`prewarm_nodes`, `prewarm_for_placements`):
 - nodes ahead of forecast demand, per cloud pool in its bottleneck unit (GPUs for GPU pools,
@@ -137,19 +140,27 @@ def placed_usage(placements: Iterable[Placement], specs: Mapping[str, Workload]
 
 def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
              placed: Mapping[Pair, tuple[float, float, int]],
-             growing: set[Pair]) -> tuple[PoolScaleIn, ...]:
-    """Nodes idle past `scale_in_idle_s` (see the module docstring), longest idle first."""
+             growing: set[Pair], action: PolicyAction | None = None
+             ) -> tuple[PoolScaleIn, ...]:
+    """Nodes idle past their timer (see the module docstring), longest idle first."""
     now = snapshot.now_s
+    timers = action.idle_timeout_s if action is not None else {}
+    warm_pools = action.warm_nodes if action is not None else {}
     out = []
     for c in snapshot.clusters:
+        timer = max(0.0, float(timers.get(c.name, cfg.scale_in_idle_s)))
+        warm = max(0, int(warm_pools.get(c.name, 0)))
         for p in c.pools:
             if _fixed(c, p) or (c.name, p.name) in growing or not p.node_states:
                 continue
-            idle = [n for n in p.node_states
-                    if n.idle_since_s is not None and not n.booting
-                    and n.leaving is NodeLeaving.NO and n.cpu_allocated <= 1e-9
-                    and n.gpu_free >= p.node.gpu
-                    and now - n.idle_since_s >= cfg.scale_in_idle_s - 1e-9]
+            empty = [n for n in p.node_states
+                     if n.idle_since_s is not None and not n.booting
+                     and n.leaving is NodeLeaving.NO and n.cpu_allocated <= 1e-9
+                     and n.gpu_free >= p.node.gpu]
+            idle = [n for n in empty if now - (n.idle_since_s or 0.0) >= timer - 1e-9]
+            if len(empty) - len(idle) < warm:  # the warm pool: keep the newest idle ones
+                idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))
+                idle = idle[:max(0, len(empty) - warm)]
             if not idle:
                 continue
             cpu, mem, _ = placed.get((c.name, p.name), (0.0, 0.0, 0))

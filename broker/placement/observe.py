@@ -13,13 +13,24 @@ names are the checkpoint format), one row per cluster, each scaled to roughly [0
 - queue_frac: replicas placed but not running yet / replicas placed (`Pool.replicas_*`);
 - recent_demand: sum of the pools' demand EWMA (`Pool.demand_cpu_per_s`) / DEMAND_SCALE;
 - healthy; is_edge (fixed hardware: edge or on-prem, network.FIXED_PROVIDERS);
-- booting_frac: nodes booting (`NodeState.booting`) / nodes.
+- booting_frac: nodes booting (`NodeState.booting`) / nodes;
+- idle_node_frac: ready nodes with nothing on them (no vCPU allocated, every GPU free) /
+  nodes (what the idle timeout and the warm pool act on);
+- spot_capacity_frac: provisioned vCPUs in spot pools / provisioned vCPUs;
+- forecast_cpu_frac, forecast_gpu_frac: the demand forecast over the next window W
+  (the pools' demand EWMA x W) / provisioned vCPUs (GPUs), capped at FORECAST_CAP.
+
+Demand forecasts are on the caller's own time scale: W = `forecast_window_s`, the time the
+policy's action stands (the twin passes its decision interval; the live broker the same
+default), so a 1-hour scenario and a 1-day one are both forecast over what the next action
+governs rather than over a fixed clock.
 
 Edges: each cluster receives from its K_NEIGHBOURS nearest clusters by RTT
 (`snapshot.rtt_ms` between cluster names, else the coordinate estimate, else 1000 ms), with
 features RTT / 100 ms and throughput (`snapshot.bandwidth_gbps`, else
 network.THROUGHPUT_FALLBACK_GBPS) / 10 Gbit/s. Batch features: log1p of the pending
-replicas, vCPUs and GPUs, the latency-sensitive and training shares, time of day (sin, cos).
+replicas, vCPUs and GPUs, the latency-sensitive and training shares, time of day (sin, cos),
+log1p of the federation's forecast vCPUs and GPUs over W, and log1p(W / 60 s).
 """
 
 from __future__ import annotations
@@ -37,9 +48,11 @@ PRICE_SCALE_USD_PER_VCPU_HOUR = 0.1
 DEMAND_SCALE_CPU_PER_S = 0.05
 K_NEIGHBOURS = 4
 UNKNOWN_RTT_MS = 1000.0
+FORECAST_WINDOW_S = 300.0
+FORECAST_CAP = 4.0
 
 
-def node_features(c: Cluster) -> list[float]:
+def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S) -> list[float]:
     """One cluster's row of NODE_FEATURES (see the module docstring)."""
     cpu_prov = sum(p.nodes * p.node.cpu for p in c.pools)
     cpu_used = sum(p.used.cpu for p in c.pools)
@@ -55,6 +68,11 @@ def node_features(c: Cluster) -> list[float]:
     starting = sum(p.replicas_starting for p in c.pools)
     nodes = sum(p.nodes for p in c.pools)
     booting = sum(1 for p in c.pools for n in p.node_states if n.booting)
+    idle = sum(1 for p in c.pools for n in p.node_states
+               if not n.booting and n.cpu_allocated <= 1e-9 and n.gpu_free >= p.node.gpu)
+    spot_cpu = sum(p.nodes * p.node.cpu for p in c.pools if p.pricing is PricingModel.SPOT)
+    fc_cpu = sum(p.demand_cpu_per_s for p in c.pools) * forecast_window_s
+    fc_gpu = sum(p.demand_gpu_per_s for p in c.pools) * forecast_window_s
     return [
         1.0 - cpu_used / cpu_prov if cpu_prov else 1.0,
         1.0 - gpu_used / gpu_prov if gpu_prov else 0.0,
@@ -66,6 +84,10 @@ def node_features(c: Cluster) -> list[float]:
         1.0 if c.healthy else 0.0,
         1.0 if is_fixed(c) else 0.0,
         booting / nodes if nodes else 0.0,
+        idle / nodes if nodes else 0.0,
+        spot_cpu / cpu_prov if cpu_prov else 0.0,
+        min(FORECAST_CAP, fc_cpu / cpu_prov) if cpu_prov else min(FORECAST_CAP, fc_cpu),
+        min(FORECAST_CAP, fc_gpu / gpu_prov) if gpu_prov else min(FORECAST_CAP, fc_gpu),
     ]
 
 
@@ -95,8 +117,10 @@ def edges(snapshot: FederationSnapshot, k_neighbours: int = K_NEIGHBOURS
             np.asarray(feats, dtype=np.float32).reshape(len(src), len(EDGE_FEATURES)))
 
 
-def batch_features(snapshot: FederationSnapshot) -> list[float]:
+def batch_features(snapshot: FederationSnapshot,
+                   forecast_window_s: float = FORECAST_WINDOW_S) -> list[float]:
     pend = snapshot.pending
+    pools = [p for c in snapshot.clusters for p in c.pools]
     day = 2 * math.pi * (snapshot.now_s % 86400.0) / 86400.0
     n = len(pend)
     return [
@@ -106,15 +130,20 @@ def batch_features(snapshot: FederationSnapshot) -> list[float]:
         sum(1 for w in pend if w.spec.latency_slo_ms is not None) / n if n else 0.0,
         sum(1 for w in pend if w.spec.kind == WorkloadKind.TRAIN) / n if n else 0.0,
         math.sin(day), math.cos(day),
+        math.log1p(sum(p.demand_cpu_per_s for p in pools) * forecast_window_s),
+        math.log1p(sum(p.demand_gpu_per_s for p in pools) * forecast_window_s),
+        math.log1p(forecast_window_s / 60.0),
     ]
 
 
-def observe(snapshot: FederationSnapshot, *, k_neighbours: int = K_NEIGHBOURS) -> GraphObs:
+def observe(snapshot: FederationSnapshot, *, k_neighbours: int = K_NEIGHBOURS,
+            forecast_window_s: float = FORECAST_WINDOW_S) -> GraphObs:
     """The policy's observation of `snapshot` (see the module docstring)."""
     clusters = snapshot.clusters
+    window = max(0.0, forecast_window_s)
     edge_index, edge_x = edges(snapshot, k_neighbours)
-    node_x = np.asarray([node_features(c) for c in clusters], dtype=np.float32)
+    node_x = np.asarray([node_features(c, window) for c in clusters], dtype=np.float32)
     return GraphObs(names=tuple(c.name for c in clusters),
                     node_x=node_x.reshape(len(clusters), len(NODE_FEATURES)),
                     edge_index=edge_index, edge_x=edge_x,
-                    batch_x=np.asarray(batch_features(snapshot), dtype=np.float32))
+                    batch_x=np.asarray(batch_features(snapshot, window), dtype=np.float32))

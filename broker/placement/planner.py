@@ -237,7 +237,7 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves,
-        scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing)
+        scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing, action)
         + consolidate.consolidations(snapshot, policy, growing))
 
 

@@ -1,10 +1,18 @@
 """The RL policy: an actor-critic over the federation graph (torch). Pure: state -> action.
 
 What it steers (DESIGN.md "The placement problem"): the LP keeps every hard constraint; the
-policy only outputs a `PolicyAction`:
-- per-cluster affinity bias (USD/h added to each replica's objective in that cluster),
-- the headroom ratio (share of pool capacity the LP may fill; the rest absorbs bursts),
-- the prewarm lead time (how far ahead the forecast provisions nodes).
+policy only outputs a `PolicyAction` (ACTIONS: name, range, fixed-weights value):
+- per cluster (one output per graph node, applied to each of its pools): the affinity bias
+  (USD/h added to each replica's objective there), the scale-in idle timeout, the warm pool
+  (empty nodes kept instead of scaled in) and the spot bias (USD/h added to its spot
+  options only, which steers the spot share);
+- global: the headroom (allocation ratio: share of pool capacity the LP may fill) and the
+  prewarm lead time (how far ahead the forecast provisions nodes).
+Each range is wide enough to change a decision (tests/unit/test_policy_actions.py builds a
+state where each one does): a bias of 0.25 USD/h per replica outweighs the price gap between
+two clouds' vCPUs (a few cents), headroom 0.5..1 decides whether a pool's last node is
+filled or a new one is bought, idle timeout 0..30 min spans "at once" (Karpenter's
+consolidateAfter 0 s) to three times Cluster Autoscaler's 10 min default.
 
 Input (`GraphObs`, built from a FederationSnapshot by broker/placement/observe.py, the one
 observation both the live broker and the twin use): one graph node per cluster/site with
@@ -13,9 +21,10 @@ BATCH_FEATURES of the pending batch.
 
 Network: a node MLP encoder, MP_ROUNDS rounds of mean-aggregated message passing written in
 plain torch (message = MLP([h_src, e]), update h += MLP([h, mean msg])), mean-pooling into a
-global vector joined with the batch features. Actor heads: a per-node bias mean and two global
-means (headroom, lead), all with state-independent learned log-std (diagonal Gaussian in an
-unsquashed space, squashed by tanh/sigmoid into the action ranges). Critic: MLP(global) -> V.
+global vector joined with the batch features. Actor heads: per-node means (one per per-cluster
+action) and global means, with one state-independent learned log-std per action (diagonal
+Gaussian in an unsquashed space, squashed by a sigmoid into the action ranges; an integer
+action takes the floor). Critic: MLP(global) -> V.
 
 Algorithm: PPO with GAE (Schulman et al. 2017; 2016), not A2C. Why: every environment step
 of the twin is a real LP solve, so samples are expensive; PPO's clipped surrogate reuses each
@@ -39,24 +48,79 @@ import torch
 from torch import nn
 
 from broker.domain import PolicyAction
+from broker.placement.decisions import DecisionConfig
 
 NODE_FEATURES = (
     "free_cpu_frac", "free_gpu_frac", "price_usd_per_vcpu_hour", "spot_discount",
     "reclaim_rate_per_hour", "queue_frac", "recent_demand", "healthy", "is_edge",
-    "booting_frac",
+    "booting_frac", "idle_node_frac", "spot_capacity_frac", "forecast_cpu_frac",
+    "forecast_gpu_frac",
 )
 EDGE_FEATURES = ("rtt_100ms", "bandwidth_10gbps")
 BATCH_FEATURES = (
     "pending_replicas_log", "pending_cpu_log", "pending_gpu_log", "latency_sensitive_frac",
-    "train_frac", "time_of_day_sin", "time_of_day_cos",
+    "train_frac", "time_of_day_sin", "time_of_day_cos", "forecast_cpu_log", "forecast_gpu_log",
+    "forecast_window_log",
 )
 HIDDEN = 32
 MP_ROUNDS = 2
-# Action ranges (the squash maps the Gaussian sample into these).
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """One output of the policy: a PolicyAction field, its range and the fixed weights' value.
+
+    Every output is a Gaussian in an unsquashed space mapped by a sigmoid onto [low, high]
+    (an integer output onto low..high, each integer an equal share of the sigmoid's range).
+    `default` is the fixed weights' value (PolicyAction's default, what `lp` uses): the
+    untrained policy's mean action, so training starts from lp (a residual policy).
+    """
+
+    name: str
+    per_cluster: bool
+    low: float
+    high: float
+    default: float
+    integer: bool = False
+
+    def squash(self, raw: np.ndarray) -> np.ndarray:
+        sig = 1.0 / (1.0 + np.exp(-np.clip(raw, -30.0, 30.0)))
+        if self.integer:
+            span = self.high - self.low + 1.0
+            return np.asarray(np.minimum(np.floor(self.low + span * sig), self.high))
+        return np.asarray(self.low + (self.high - self.low) * sig)
+
+    def start_logit(self) -> float:
+        if self.integer:
+            frac = (self.default - self.low + 0.5) / (self.high - self.low + 1.0)
+        else:
+            frac = (self.default - self.low) / (self.high - self.low)
+        frac = min(max(frac, 1e-3), 1 - 1e-3)
+        return math.log(frac / (1 - frac))
+
+
+# Action ranges (docs/twin.md "The policy's actions" says why each is this wide).
 BIAS_MAX_USD_PER_HOUR = 0.25
-HEADROOM_MIN, HEADROOM_MAX = 0.6, 1.0
-LEAD_MAX_S = 900.0
-CHECKPOINT_VERSION = 1
+HEADROOM_MIN, HEADROOM_MAX = 0.5, 1.0
+LEAD_MAX_S = 1800.0
+IDLE_TIMEOUT_MAX_S = 1800.0
+WARM_NODES_MAX = 3
+SPOT_BIAS_MAX_USD_PER_HOUR = 0.1
+_FIXED = PolicyAction()
+ACTIONS = (
+    ActionSpec("cluster_bias_usd_per_hour", True, -BIAS_MAX_USD_PER_HOUR,
+               BIAS_MAX_USD_PER_HOUR, 0.0),
+    ActionSpec("idle_timeout_s", True, 0.0, IDLE_TIMEOUT_MAX_S,
+               DecisionConfig().scale_in_idle_s),
+    ActionSpec("warm_nodes", True, 0.0, float(WARM_NODES_MAX), 0.0, integer=True),
+    ActionSpec("spot_bias_usd_per_hour", True, -SPOT_BIAS_MAX_USD_PER_HOUR,
+               SPOT_BIAS_MAX_USD_PER_HOUR, 0.0),
+    ActionSpec("headroom", False, HEADROOM_MIN, HEADROOM_MAX, _FIXED.headroom),
+    ActionSpec("prewarm_lead_s", False, 0.0, LEAD_MAX_S, _FIXED.prewarm_lead_s),
+)
+NODE_ACTIONS = tuple(a for a in ACTIONS if a.per_cluster)
+GLOBAL_ACTIONS = tuple(a for a in ACTIONS if not a.per_cluster)
+CHECKPOINT_VERSION = 2
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "policy_data" / "policy.pt"
 
 
@@ -72,7 +136,7 @@ class GraphObs:
 @dataclass(frozen=True)
 class ActionSample:
     action: PolicyAction
-    raw: np.ndarray  # unsquashed sample: [N + 2]
+    raw: np.ndarray  # unsquashed sample: [len(NODE_ACTIONS) * N + len(GLOBAL_ACTIONS)]
     log_prob: float
     value: float
 
@@ -91,13 +155,14 @@ class ActorCritic(nn.Module):
         self.messages = nn.ModuleList(_mlp(hidden + ef, hidden) for _ in range(rounds))
         self.updates = nn.ModuleList(_mlp(2 * hidden, hidden) for _ in range(rounds))
         self.batch = _mlp(bf, hidden)
-        self.bias_head = _mlp(3 * hidden, 1)
-        self.global_head = _mlp(2 * hidden, 2)
+        self.node_head = _mlp(3 * hidden, len(NODE_ACTIONS))
+        self.global_head = _mlp(2 * hidden, len(GLOBAL_ACTIONS))
         self.value_head = _mlp(2 * hidden, 1)
-        self.log_std = nn.Parameter(torch.full((3,), -0.7))  # bias, headroom, lead
-        self._start_at(PolicyAction())
+        # One learned log-std per action kind (per-cluster ones shared by the clusters).
+        self.log_std = nn.Parameter(torch.full((len(ACTIONS),), -0.3))
+        self._start_at_fixed()
 
-    def _start_at(self, action: PolicyAction) -> None:
+    def _start_at_fixed(self) -> None:
         """Initialise the heads so the untrained mean action is the operator's fixed weights.
 
         Why: the policy learns deviations from what `lp` already does (a residual policy), so
@@ -105,18 +170,12 @@ class ActorCritic(nn.Module):
         an arbitrary point of the action space.
         """
         with torch.no_grad():
-            for head in (self.bias_head, self.global_head):
+            for head, specs in ((self.node_head, NODE_ACTIONS), (self.global_head,
+                                                                 GLOBAL_ACTIONS)):
                 last = head[-1]
                 if isinstance(last, nn.Linear):
                     last.weight.mul_(0.1)
-                    last.bias.zero_()
-            glob = self.global_head[-1]
-            if isinstance(glob, nn.Linear):
-                frac = (min(max(action.headroom, HEADROOM_MIN + 1e-3), HEADROOM_MAX - 1e-3)
-                        - HEADROOM_MIN) / (HEADROOM_MAX - HEADROOM_MIN)
-                lead = min(max(action.prewarm_lead_s / LEAD_MAX_S, 1e-3), 1 - 1e-3)
-                glob.bias.copy_(torch.tensor([math.log(frac / (1 - frac)),
-                                              math.log(lead / (1 - lead))]))
+                    last.bias.copy_(torch.tensor([a.start_logit() for a in specs]))
 
     # -------------------------------------------------------------- forward
     def forward_tensors(self, node_x: torch.Tensor, edge_index: torch.Tensor,
@@ -124,8 +183,9 @@ class ActorCritic(nn.Module):
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Batched forward. node_x [B,N,F], edge_index [2,E], edge_x [B,E,EF], batch_x [B,BF].
 
-        Returns (mean [B, N+2], log_std [N+2], value [B]). Batched so SHAP can evaluate many
-        perturbed states in one call.
+        Returns (mean [B, K*N+G], log_std [K*N+G], value [B]) with K per-cluster and G global
+        actions, per-cluster outputs head by head (`raw[k*N:(k+1)*N]` is NODE_ACTIONS[k]).
+        Batched so SHAP can evaluate many perturbed states in one call.
         """
         h = self.encode(node_x)
         src, dst = edge_index[0], edge_index[1]
@@ -137,10 +197,11 @@ class ActorCritic(nn.Module):
             h = h + upd(torch.cat([h, agg], dim=-1))
         g = torch.cat([h.mean(dim=1), self.batch(batch_x)], dim=-1)  # [B, 2H]
         node_in = torch.cat([h, g[:, None, :].expand(-1, n, -1)], dim=-1)
-        bias = self.bias_head(node_in).squeeze(-1)  # [B, N]
-        glob = self.global_head(g)  # [B, 2]
-        mean = torch.cat([bias, glob], dim=-1)
-        log_std = torch.cat([self.log_std[0].expand(n), self.log_std[1:]])
+        per_node = self.node_head(node_in).transpose(1, 2).reshape(node_x.shape[0], -1)
+        glob = self.global_head(g)  # [B, G]
+        mean = torch.cat([per_node, glob], dim=-1)
+        k = len(NODE_ACTIONS)
+        log_std = torch.cat([self.log_std[:k].repeat_interleave(n), self.log_std[k:]])
         return mean, log_std, self.value_head(g).squeeze(-1)
 
     def forward_obs(self, obs: GraphObs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -192,18 +253,32 @@ def gaussian_log_prob(raw: torch.Tensor, mean: torch.Tensor, log_std: torch.Tens
     return (-((raw - mean) ** 2) / (2 * var) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
+def squash(n: int, raw: np.ndarray) -> np.ndarray:
+    """Raw outputs [..., K*N+G] -> action units, same layout (see ActorCritic.forward_tensors)."""
+    out = np.empty_like(raw, dtype=np.float64)
+    for k, spec in enumerate(NODE_ACTIONS):
+        out[..., k * n:(k + 1) * n] = spec.squash(raw[..., k * n:(k + 1) * n])
+    base = len(NODE_ACTIONS) * n
+    for j, spec in enumerate(GLOBAL_ACTIONS):
+        out[..., base + j] = spec.squash(raw[..., base + j])
+    return out
+
+
 def to_action(names: Sequence[str], raw: np.ndarray,
               latency_weight_usd_per_ms: float = 0.001) -> PolicyAction:
-    """Squash a raw sample [N+2] into a PolicyAction within the documented ranges."""
+    """Squash a raw sample [K*N+G] into a PolicyAction within the ActionSpec ranges."""
     n = len(names)
-    bias = np.tanh(raw[:n]) * BIAS_MAX_USD_PER_HOUR
-    sig = 1.0 / (1.0 + np.exp(-raw[n:n + 2]))
-    headroom = HEADROOM_MIN + (HEADROOM_MAX - HEADROOM_MIN) * float(sig[0])
-    return PolicyAction(
-        cluster_bias_usd_per_hour={name: round(float(b), 5) for name, b in zip(names, bias,
-                                                                              strict=True)},
-        headroom=round(headroom, 4), prewarm_lead_s=round(LEAD_MAX_S * float(sig[1]), 1),
-        latency_weight_usd_per_ms=latency_weight_usd_per_ms)
+    vals = squash(n, np.asarray(raw, dtype=np.float64))
+    fields: dict[str, object] = {}
+    for k, spec in enumerate(NODE_ACTIONS):
+        col = vals[k * n:(k + 1) * n]
+        fields[spec.name] = {name: (int(v) if spec.integer else round(float(v), 5))
+                             for name, v in zip(names, col, strict=True)}
+    base = len(NODE_ACTIONS) * n
+    for j, spec in enumerate(GLOBAL_ACTIONS):
+        fields[spec.name] = round(float(vals[base + j]), 4)
+    return PolicyAction(latency_weight_usd_per_ms=latency_weight_usd_per_ms,
+                        **fields)  # type: ignore[arg-type]
 
 
 def obs_tensors(obs: GraphObs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -237,12 +312,17 @@ def feature_names(obs: GraphObs) -> list[str]:
         f"batch.{f}" for f in BATCH_FEATURES]
 
 
+OUTPUT_PREFIX = {"cluster_bias_usd_per_hour": "bias"}
+
+
 def output_names(obs: GraphObs) -> list[str]:
-    return [f"bias[{n}]" for n in obs.names] + ["headroom", "prewarm_lead_s"]
+    """`bias[<cluster>]`, `<action>[<cluster>]` per per-cluster action, then global ones."""
+    return [f"{OUTPUT_PREFIX.get(a.name, a.name)}[{n}]" for a in NODE_ACTIONS
+            for n in obs.names] + [a.name for a in GLOBAL_ACTIONS]
 
 
 def _squashed_fn(model: ActorCritic, obs: GraphObs) -> Callable[[np.ndarray], np.ndarray]:
-    """f(X [rows, N*F+B]) -> policy outputs [rows, N+2] in action units (batched)."""
+    """f(X [rows, N*F+B]) -> policy outputs [rows, K*N+G] in action units (batched)."""
     n = len(obs.names)
     nf = len(NODE_FEATURES)
     edge_index = torch.as_tensor(obs.edge_index, dtype=torch.int64)
@@ -254,13 +334,7 @@ def _squashed_fn(model: ActorCritic, obs: GraphObs) -> Callable[[np.ndarray], np
         with torch.no_grad():
             mean, _, _ = model.forward_tensors(xt[:, : n * nf].reshape(b, n, nf), edge_index,
                                                edge_x[None].expand(b, -1, -1), xt[:, n * nf:])
-        m = mean.numpy()
-        out = np.empty_like(m)
-        out[:, :n] = np.tanh(m[:, :n]) * BIAS_MAX_USD_PER_HOUR
-        sig = 1.0 / (1.0 + np.exp(-m[:, n:]))
-        out[:, n] = HEADROOM_MIN + (HEADROOM_MAX - HEADROOM_MIN) * sig[:, 0]
-        out[:, n + 1] = LEAD_MAX_S * sig[:, 1]
-        return out
+        return squash(n, mean.numpy())
 
     return f
 

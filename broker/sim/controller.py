@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 
 def observe_engine(engine: Engine) -> GraphObs:
-    """The policy's observation of the engine's state now (every pending workload)."""
-    return observe(engine.snapshot())
+    """The policy's observation of the engine's state now (every pending workload), its
+    demand forecast over the policy's decision interval (the time its action stands)."""
+    return observe(engine.snapshot(), forecast_window_s=engine.config.decision_interval_s)
 
 
 class PolicyController:

@@ -4,10 +4,11 @@
 
 Why a surrogate: the GNN is not readable; a depth-3 tree fitted to its outputs over states the
 policy actually visited is, and its held-out R^2 says how far the rules can be trusted (the
-seed's section 2.3). Inputs per row: the cluster's own node features plus the batch features
-(for the bias of that cluster), or the mean node features plus batch features (for headroom
-and prewarm lead). scikit-learn's DecisionTreeRegressor is used for the printed rules (it comes
-with the `explain` extra's shap); `xgboost_fidelity` reports a shallow XGBoost fit alongside.
+seed's section 2.3). One tree per action (policy.ACTIONS). Inputs per row: the cluster's own
+node features plus the batch features (for a per-cluster action of that cluster), or the mean
+node features plus batch features (for headroom and prewarm lead). scikit-learn's
+DecisionTreeRegressor is used for the printed rules (it comes with the `explain` extra's
+shap); `xgboost_fidelity` reports a shallow XGBoost fit alongside.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ import numpy as np
 from broker.domain import FederationSnapshot, PolicyAction
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.policy import (
+    ACTIONS,
     BATCH_FEATURES,
-    BIAS_MAX_USD_PER_HOUR,
-    HEADROOM_MAX,
-    HEADROOM_MIN,
-    LEAD_MAX_S,
+    GLOBAL_ACTIONS,
+    NODE_ACTIONS,
     NODE_FEATURES,
     ActorCritic,
     FixedPolicy,
     GraphObs,
+    squash,
 )
 from broker.sim.controller import PolicyController
 from broker.sim.engine import Engine, SimConfig
@@ -55,35 +56,35 @@ def visited_states(model: ActorCritic, catalog: Catalog, *, scenario: Path | Non
 
 
 def _outputs(model: ActorCritic, obs: GraphObs) -> np.ndarray:
+    """The mean action in action units, laid out as ActorCritic.forward_tensors' output."""
     mean = model.forward_obs(obs)[0].detach().numpy()
-    n = len(obs.names)
-    sig = 1.0 / (1.0 + np.exp(-mean[n:]))
-    return np.concatenate([np.tanh(mean[:n]) * BIAS_MAX_USD_PER_HOUR,
-                           [HEADROOM_MIN + (HEADROOM_MAX - HEADROOM_MIN) * sig[0],
-                            LEAD_MAX_S * sig[1]]])
+    return squash(len(obs.names), mean)
 
 
 def datasets(model: ActorCritic, states: list[GraphObs]
              ) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+    """Per output: inputs, targets and input names. A per-cluster action is fitted on that
+    cluster's own node features plus the batch features; a global one on the mean node
+    features plus the batch features."""
     node_names = [f"node.{f}" for f in NODE_FEATURES]
     mean_names = [f"mean.{f}" for f in NODE_FEATURES]
     batch_names = [f"batch.{f}" for f in BATCH_FEATURES]
-    bias_x, bias_y, glob_x, head_y, lead_y = [], [], [], [], []
+    xs: dict[str, list[np.ndarray]] = {a.name: [] for a in ACTIONS}
+    ys: dict[str, list[float]] = {a.name: [] for a in ACTIONS}
     for obs in states:
         out = _outputs(model, obs)
         n = len(obs.names)
-        for i in range(n):
-            bias_x.append(np.concatenate([obs.node_x[i], obs.batch_x]))
-            bias_y.append(out[i])
-        glob_x.append(np.concatenate([obs.node_x.mean(axis=0), obs.batch_x]))
-        head_y.append(out[n])
-        lead_y.append(out[n + 1])
-    return {
-        "cluster_bias_usd_per_hour": (np.asarray(bias_x), np.asarray(bias_y),
-                                      node_names + batch_names),
-        "headroom": (np.asarray(glob_x), np.asarray(head_y), mean_names + batch_names),
-        "prewarm_lead_s": (np.asarray(glob_x), np.asarray(lead_y), mean_names + batch_names),
-    }
+        for k, spec in enumerate(NODE_ACTIONS):
+            for i in range(n):
+                xs[spec.name].append(np.concatenate([obs.node_x[i], obs.batch_x]))
+                ys[spec.name].append(float(out[k * n + i]))
+        glob_x = np.concatenate([obs.node_x.mean(axis=0), obs.batch_x])
+        for j, spec in enumerate(GLOBAL_ACTIONS):
+            xs[spec.name].append(glob_x)
+            ys[spec.name].append(float(out[len(NODE_ACTIONS) * n + j]))
+    return {a.name: (np.asarray(xs[a.name]), np.asarray(ys[a.name]),
+                     (node_names if a.per_cluster else mean_names) + batch_names)
+            for a in ACTIONS}
 
 
 def _split(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, ...]:

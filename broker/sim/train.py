@@ -24,43 +24,49 @@ so the checkpoint records `episodes`: `--episodes N --seed S` reproduces it bit 
 
 from __future__ import annotations
 
+import contextlib
 import math
+import multiprocessing
 import random
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from broker.domain import PolicyAction
-from broker.placement.policy import ActorCritic, GraphObs, gaussian_log_prob, to_action
-from broker.sim.controller import observe_engine
-from broker.sim.engine import Engine, SimConfig
+from broker.placement.policy import (
+    ACTIONS,
+    HIDDEN,
+    MP_ROUNDS,
+    ActorCritic,
+    gaussian_log_prob,
+    to_action,
+)
 from broker.sim.randomize import random_draft
-from broker.sim.scenario import CatalogLike, Scenario, ScenarioError, load_scenario
+from broker.sim.rollout import (
+    Draw,
+    EpisodeTask,
+    Recorder,
+    RewardWeights,
+    Step,
+    baseline_totals,
+    draw,
+    draw_scenario,
+    rollout,
+    run_episode,
+    totals,
+)
+from broker.sim.scenario import ScenarioError
 from providers.catalog import Catalog
 
-COST_SCALE = 10.0
-SLO_SCALE = 600.0
-XZONE_SCALE = 10.0
-QUEUE_SCALE = 3600.0
-GPU_SCALE = 600.0
 GAMMA, LAMBDA, CLIP, PPO_EPOCHS, LR, ENTROPY = 0.99, 0.95, 0.2, 4, 3e-4, 0.01
 DEFAULT_TARGET_PATH = Path("config/scenarios/operator_target.toml")
 TARGET_KEYS = ("cost_vs_lp", "slo_violation_frac", "scale_out_response_s_p50",
                "gpu_job_start_s_p50", "cross_zone_traffic_frac")
-
-
-@dataclass(frozen=True)
-class RewardWeights:
-    cost: float = 1.0
-    slo: float = 1.0
-    xzone: float = 0.2
-    queue: float = 1.0
-    gpu: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -72,11 +78,17 @@ class TrainConfig:
     tune_trials: int = 0
     target: dict[str, float] = field(default_factory=dict)
     weights: RewardWeights = field(default_factory=RewardWeights)
-    episodes_per_update: int = 2
+    episodes_per_update: int = 4
     decision_interval_s: float = 300.0
-    # Reward relative to fixed-weight lp on the same scenario (see `baseline_totals`); off:
-    # measured no better in an 8-minute run (docs/twin.md).
-    relative_reward: bool = False
+    # Reward relative to fixed-weight lp on the same scenario (see `baseline_totals`).
+    relative_reward: bool = True
+    # Rollout processes (the episodes of one update run in parallel).
+    jobs: int = 1
+    lr: float = LR
+    # Share of episodes drawn from `scenarios` (when given) instead of random drafts.
+    extra_share: float = 0.25
+    # Continue from this checkpoint's weights (its metadata is kept under "continued_from").
+    start: Path | None = None
 
 
 def load_target(path: Path | None) -> dict[str, float]:
@@ -96,131 +108,6 @@ def load_target(path: Path | None) -> dict[str, float]:
             raise ScenarioError(f"{p}: target.{k} must be a number")
         out[k] = float(v)
     return out
-
-
-# ------------------------------------------------------------------ rollouts
-
-
-@dataclass
-class Step:
-    obs: GraphObs
-    raw: np.ndarray
-    log_prob: float
-    value: float
-    reward: float = 0.0
-
-
-class Recorder:
-    """Engine controller: samples actions and records (obs, action, reward) per decision."""
-
-    def __init__(self, model: ActorCritic, weights: RewardWeights, gen: torch.Generator,
-                 *, sample: bool = True,
-                 baseline: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        self.model = model
-        self.weights = weights
-        self.gen = gen
-        self.sample = sample
-        self.baseline = baseline  # (times, totals T x 5) of fixed-weight lp, same scenario
-        self.steps: list[Step] = []
-        self._last: tuple[float, ...] | None = None
-        self._last_t = 0.0
-        self._started = False
-
-    def _totals(self, engine: Engine) -> tuple[float, ...]:
-        return totals(engine)
-
-    def _base(self, t: float) -> np.ndarray:
-        if self.baseline is None:
-            return np.zeros(5)
-        ts, tot = self.baseline
-        return np.array([np.interp(t, ts, tot[:, k]) for k in range(tot.shape[1])])
-
-    def _reward(self, engine: Engine) -> float:
-        now = self._totals(engine)
-        last = self._last or now
-        d = [a - b for a, b in zip(now, last, strict=True)]
-        self._last = now
-        if self.baseline is not None:
-            # What fixed-weight lp incurred over the same simulated interval is subtracted:
-            # the scenario's own swings (a burst, an outage) cancel, the policy's effect stays.
-            db = self._base(engine.now) - self._base(self._last_t)
-            d = [a - float(b) for a, b in zip(d, db, strict=True)]
-        self._last_t = engine.now
-        w = self.weights
-        return -(w.cost * d[0] / COST_SCALE + w.slo * d[1] / SLO_SCALE + w.xzone * d[2]
-                 / XZONE_SCALE + w.queue * d[3] / QUEUE_SCALE + w.gpu * d[4] / GPU_SCALE)
-
-    def act(self, engine: Engine, now_s: float) -> PolicyAction:
-        if not self._started:
-            self._started = True
-            self._last = self._totals(engine)
-        if self.steps:
-            self.steps[-1].reward = self._reward(engine)
-        obs = observe_engine(engine)
-        s = self.model.act(obs, sample=self.sample, generator=self.gen)
-        self.steps.append(Step(obs, s.raw, s.log_prob, s.value))
-        return s.action
-
-    def finish(self, engine: Engine) -> None:
-        if self.steps:
-            self.steps[-1].reward = self._reward(engine)
-
-
-def totals(engine: Engine) -> tuple[float, ...]:
-    """Cumulative cost, SLO-violating replica-s, cross-zone GB, queue replica-s, GPU start s."""
-    m = engine.metrics
-    return (m.cost_usd + m.egress_usd, m.slo_violation_s, m.xz_gb, m.queue_replica_s,
-            sum(m.gpu_start_s))
-
-
-class _TotalsTrace:
-    """Controller for the baseline run: fixed action, totals recorded at every decision."""
-
-    def __init__(self) -> None:
-        self.t: list[float] = [0.0]
-        self.rows: list[tuple[float, ...]] = [(0.0,) * 5]
-
-    def act(self, engine: Engine, now_s: float) -> PolicyAction:
-        self.t.append(now_s)
-        self.rows.append(totals(engine))
-        return engine.config.fixed_action
-
-
-def baseline_totals(scn: Scenario, catalog: CatalogLike,
-                    decision_interval_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Fixed-weight lp on `scn` (same seed, same decision cadence): cumulative totals over time.
-
-    Why: episodes are random scenarios whose absolute cost differs by orders of magnitude, so
-    an absolute reward is mostly scenario noise; the difference to lp over the same interval is
-    the part the policy caused (a counterfactual baseline; Wu et al. 2018 on action-dependent
-    baselines, here simply the fixed policy's own return). Doubles the simulation per episode.
-    """
-    trace = _TotalsTrace()
-    eng = Engine(scn, catalog, SimConfig(policy="lp+rl", decision_interval_s=decision_interval_s),
-                 controller=trace)
-    eng.run()
-    trace.t.append(eng.now)
-    trace.rows.append(totals(eng))
-    ts = np.array(trace.t, dtype=np.float64)
-    order = np.argsort(ts, kind="stable")
-    return ts[order], np.array(trace.rows, dtype=np.float64)[order]
-
-
-def draw_scenario(catalog: Catalog, rng: random.Random, extra: list[Scenario]) -> Scenario:
-    if extra and rng.random() < 0.25:
-        return rng.choice(extra)
-    return random_draft(catalog, rng.randrange(1 << 30), n_clusters=rng.randint(4, 8),
-                        n_edge=rng.randint(0, 2), horizon_s=float(rng.choice([3600, 5400, 7200])),
-                        n_events=rng.randint(120, 300)).to_scenario(catalog)
-
-
-def rollout(scn: Scenario, catalog: Catalog, recorder: Recorder,
-            decision_interval_s: float) -> list[Step]:
-    eng = Engine(scn, catalog, SimConfig(policy="lp+rl", decision_interval_s=decision_interval_s),
-                 controller=recorder)
-    eng.run()
-    recorder.finish(eng)
-    return recorder.steps
 
 
 # ------------------------------------------------------------------ PPO
@@ -292,49 +179,67 @@ class TrainOutcome:
 
 
 def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
-                progress: Callable[[float, str], None] | None = None) -> TrainOutcome:
-    """One training run with fixed reward weights."""
+                progress: Callable[[float, str], None] | None = None,
+                start: ActorCritic | None = None) -> TrainOutcome:
+    """One training run with fixed reward weights (from `start`'s weights when given).
+
+    Each update runs `episodes_per_update` episodes with the current weights, in `jobs`
+    processes; every episode's scenario and sampling seed are drawn here, in order.
+    """
+    del catalog  # each rollout process loads its own
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    extra = [load_scenario(p, catalog) for p in cfg.scenarios]
-    model = ActorCritic()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    model = ActorCritic(hidden=HIDDEN, rounds=MP_ROUNDS)
+    if start is not None:
+        model.load_state_dict(start.state_dict())
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     t0 = time.perf_counter()
     episodes = steps = 0
-    buffer: list[list[Step]] = []
     rewards: list[float] = []
-    while True:
-        if cfg.episodes is not None:
-            if episodes >= cfg.episodes:
+    with _pool(cfg.jobs) as pool:
+        while True:
+            if cfg.episodes is not None:
+                n = min(cfg.episodes_per_update, cfg.episodes - episodes)
+            else:
+                n = cfg.episodes_per_update if time.perf_counter() - t0 < budget_s else 0
+            if n <= 0:
                 break
-        elif time.perf_counter() - t0 >= budget_s:
-            break
-        scn = draw_scenario(catalog, rng, extra)
-        base = baseline_totals(scn, catalog, cfg.decision_interval_s) \
-            if cfg.relative_reward else None
-        rec = Recorder(model, cfg.weights, gen, baseline=base)
-        ep = rollout(scn, catalog, rec, cfg.decision_interval_s)
-        episodes += 1
-        steps += len(ep)
-        if ep:
-            rewards.append(sum(s.reward for s in ep) / len(ep))
-            buffer.append(ep)
-        if len(buffer) >= cfg.episodes_per_update:
-            ppo_update(model, opt, buffer)
-            buffer = []
-        if progress is not None:
-            done = (episodes / cfg.episodes if cfg.episodes
-                    else (time.perf_counter() - t0) / max(budget_s, 1e-9))
-            last = rewards[-1] if rewards else 0.0
-            progress(min(1.0, done), f"episode {episodes} reward {last:.3f}")
-    if buffer:
-        ppo_update(model, opt, buffer)
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            tasks = [EpisodeTask(state, HIDDEN, MP_ROUNDS,
+                                 draw(rng, len(cfg.scenarios), cfg.extra_share),
+                                 rng.randrange(1 << 30),
+                                 cfg.weights, cfg.decision_interval_s, cfg.relative_reward,
+                                 cfg.scenarios) for _ in range(n)]
+            batch = list(pool.map(run_episode, tasks)) if pool is not None else \
+                [run_episode(t) for t in tasks]
+            for ep in batch:
+                episodes += 1
+                steps += len(ep)
+                if ep:
+                    rewards.append(sum(s.reward for s in ep) / len(ep))
+            ppo_update(model, opt, [ep for ep in batch if ep])
+            if progress is not None:
+                done = (episodes / cfg.episodes if cfg.episodes
+                        else (time.perf_counter() - t0) / max(budget_s, 1e-9))
+                last = rewards[-1] if rewards else 0.0
+                progress(min(1.0, done), f"episode {episodes} reward {last:.3f}")
     model.eval()
     k = max(1, len(rewards) // 4)
     return TrainOutcome(model, episodes, steps, float(np.mean(rewards[:k])) if rewards else 0.0,
                         float(np.mean(rewards[-k:])) if rewards else 0.0,
                         time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
+    """`jobs` rollout processes (spawned: no torch state is forked), or None for inline."""
+    if jobs <= 1:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
 
 
 # ------------------------------------------------------------------ tuning
@@ -375,8 +280,13 @@ def target_miss(pairs: list[tuple[dict[str, object], dict[str, object]]],
     return miss / max(1, len(pairs))
 
 
-def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float) -> RewardWeights:
-    """optuna TPE over the reward weights (log-uniform 0.05..5), scored by target_miss."""
+def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float
+                 ) -> tuple[RewardWeights, list[dict[str, object]], ActorCritic | None]:
+    """optuna TPE over the reward weights (log-uniform 0.05..5), scored by target_miss.
+
+    Returns the best weights, every trial (number, weights, target miss, episodes) for the
+    checkpoint's metadata, and the best trial's model (training continues from it, so the
+    trials' episodes are not thrown away)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -387,14 +297,30 @@ def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float) -> RewardW
                              for k in ("cost", "slo", "xzone", "queue", "gpu")})
         episodes = (max(2, cfg.episodes // (2 * max(1, cfg.tune_trials)))
                     if cfg.episodes is not None else None)
-        out = train_model(catalog, replace(cfg, weights=w, episodes=episodes),
+        out = train_model(catalog, replace(cfg, weights=w, episodes=episodes,
+                                           seed=cfg.seed + 1000 * (trial.number + 1)),
                           budget_s=per_trial * 0.7)
+        models[trial.number] = out.model
+        trial.set_user_attr("episodes", out.episodes)
         return target_miss(evaluate(out.model, catalog, [cfg.seed, cfg.seed + 1]), cfg.target)
 
+    models: dict[int, ActorCritic] = {}
     study = optuna.create_study(direction="minimize",
                                 sampler=optuna.samplers.TPESampler(seed=cfg.seed))
     study.optimize(objective, n_trials=cfg.tune_trials)
-    return RewardWeights(**study.best_params)
+    trials: list[dict[str, object]] = [
+        {"number": t.number, "weights": {k: round(float(v), 4) for k, v in t.params.items()},
+         "target_miss": None if t.value is None else round(float(t.value), 4),
+         "episodes": t.user_attrs.get("episodes")}
+        for t in study.trials]
+    return RewardWeights(**study.best_params), trials, models.get(study.best_trial.number)
+
+
+def checkpoint_meta(path: Path) -> dict[str, object]:
+    """The metadata a checkpoint was saved with ({} when it has none)."""
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    meta = blob.get("meta", {}) if isinstance(blob, dict) else {}
+    return dict(meta) if isinstance(meta, dict) else {}
 
 
 def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
@@ -405,8 +331,17 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
     catalog = Catalog.load()
     budget = cfg.minutes * 60.0
     weights = cfg.weights
+    trials: list[dict[str, object]] = []
+    best: ActorCritic | None = ActorCritic.load(cfg.start) if cfg.start is not None else None
+    before = checkpoint_meta(cfg.start) if cfg.start is not None else None
+    kept = before.get("weights") if before is not None else None
+    if isinstance(kept, dict) and cfg.tune_trials == 0:
+        # Continuing: keep the reward the checkpoint was trained (and tuned) with.
+        weights = RewardWeights(**{k: float(v) for k, v in kept.items()})
+        old = before.get("tune_trials") if before is not None else None
+        trials = [t for t in old if isinstance(t, dict)] if isinstance(old, list) else []
     if cfg.tune_trials > 0:
-        weights = tune_weights(catalog, cfg, budget * 0.5)
+        weights, trials, best = tune_weights(catalog, cfg, budget * 0.5)
         budget *= 0.5
     with Progress(transient=True) as bar:
         task = bar.add_task("training", total=1.0)
@@ -415,11 +350,17 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
             bar.update(task, completed=frac, description=f"training: {msg}")
 
         res = train_model(catalog, replace(cfg, weights=weights), budget_s=budget,
-                          progress=update)
+                          progress=update, start=best)
     meta: dict[str, object] = {
-        "seed": cfg.seed, "episodes": res.episodes, "steps": res.steps,
+        "seed": cfg.seed, "episodes": res.episodes, "steps": res.steps, "lr": cfg.lr,
+        "started_from_trial": cfg.tune_trials > 0 and best is not None,
+        "continued_from": before,
         "weights": weights.__dict__, "algorithm": "PPO+GAE",
-        "train_seconds": round(res.seconds, 1),
+        "train_seconds": round(res.seconds, 1), "tune_trials": trials,
+        "relative_reward": cfg.relative_reward, "jobs": cfg.jobs,
+        "episodes_per_update": cfg.episodes_per_update,
+        "decision_interval_s": cfg.decision_interval_s,
+        "actions": {a.name: [a.low, a.high] for a in ACTIONS},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     res.model.save(out, meta=meta)
@@ -428,4 +369,5 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
             "mean_step_reward_last_quarter": round(res.mean_reward_last, 4)}
 
 
-__all__ = ["TrainConfig", "load_target", "to_action", "train_policy"]
+__all__ = ["Draw", "Recorder", "RewardWeights", "Step", "TrainConfig", "baseline_totals",
+           "draw_scenario", "load_target", "rollout", "to_action", "totals", "train_policy"]

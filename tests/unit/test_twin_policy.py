@@ -8,14 +8,22 @@ import numpy as np
 import pytest
 import torch
 
+from broker.domain import PolicyAction
+from broker.placement.decisions import DecisionConfig
 from broker.placement.policy import (
+    ACTIONS,
     BATCH_FEATURES,
     BIAS_MAX_USD_PER_HOUR,
     EDGE_FEATURES,
+    GLOBAL_ACTIONS,
     HEADROOM_MAX,
     HEADROOM_MIN,
+    IDLE_TIMEOUT_MAX_S,
     LEAD_MAX_S,
+    NODE_ACTIONS,
     NODE_FEATURES,
+    SPOT_BIAS_MAX_USD_PER_HOUR,
+    WARM_NODES_MAX,
     ActorCritic,
     FixedPolicy,
     GraphObs,
@@ -50,8 +58,9 @@ def test_forward_shapes_batched() -> None:
     batch_x = torch.as_tensor(np.stack([g.batch_x, g.batch_x]))
     mean, log_std, value = m.forward_tensors(node_x, torch.as_tensor(g.edge_index), edge_x,
                                              batch_x)
-    assert mean.shape == (2, 8)
-    assert log_std.shape == (8,)
+    width = len(NODE_ACTIONS) * 6 + len(GLOBAL_ACTIONS)
+    assert mean.shape == (2, width)
+    assert log_std.shape == (width,)
     assert value.shape == (2,)
     assert torch.allclose(mean[0], mean[1])
 
@@ -74,10 +83,27 @@ def test_actions_in_range_and_deterministic() -> None:
 
 
 def test_to_action_squashes_extremes() -> None:
-    act = to_action(("a",), np.array([100.0, -100.0, 100.0]))
+    # Layout: bias, idle timeout, warm nodes, spot bias (one per cluster), headroom, lead.
+    act = to_action(("a",), np.array([100.0, 100.0, 100.0, -100.0, -100.0, 100.0]))
     assert act.cluster_bias_usd_per_hour["a"] == pytest.approx(BIAS_MAX_USD_PER_HOUR)
+    assert act.idle_timeout_s["a"] == pytest.approx(IDLE_TIMEOUT_MAX_S)
+    assert act.warm_nodes["a"] == WARM_NODES_MAX
+    assert act.spot_bias_usd_per_hour["a"] == pytest.approx(-SPOT_BIAS_MAX_USD_PER_HOUR)
     assert act.headroom == pytest.approx(HEADROOM_MIN)
     assert act.prewarm_lead_s == pytest.approx(LEAD_MAX_S)
+
+
+def test_untrained_policy_starts_at_the_fixed_weights() -> None:
+    """Every ActionSpec's start logit squashes back to the fixed weights' value."""
+    raw = np.array([a.start_logit() for a in ACTIONS])
+    act = to_action(("a",), raw)
+    fixed = PolicyAction()
+    assert act.cluster_bias_usd_per_hour["a"] == pytest.approx(0.0, abs=1e-9)
+    assert act.idle_timeout_s["a"] == pytest.approx(DecisionConfig().scale_in_idle_s)
+    assert act.warm_nodes["a"] == 0
+    assert act.spot_bias_usd_per_hour["a"] == pytest.approx(0.0, abs=1e-9)
+    assert act.headroom == pytest.approx(fixed.headroom)
+    assert act.prewarm_lead_s == pytest.approx(fixed.prewarm_lead_s)
 
 
 def test_graph_size_independent_weights() -> None:
@@ -183,7 +209,7 @@ def test_surrogate_rules_report_fidelity() -> None:
     out = surrogate_rules(m, states=states, depth=3)
     assert out["states"] == 40
     outputs = out["outputs"]
-    assert set(outputs) == {"cluster_bias_usd_per_hour", "headroom", "prewarm_lead_s"}
+    assert set(outputs) == {a.name for a in ACTIONS}
     for info in outputs.values():
         assert "|---" in info["rules"]
         assert info["r2"] <= 1.0
@@ -203,3 +229,4 @@ def test_training_is_deterministic_with_a_seed() -> None:
     torch.manual_seed(3)  # train_model seeds torch with cfg.seed before building the model
     init = ActorCritic().state_dict()
     assert not all(torch.equal(sa[k], init[k]) for k in sa)  # PPO updated the weights
+
