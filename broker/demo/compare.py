@@ -10,7 +10,8 @@ amortised cost, so they are options like any other.
 
 What is compared, per policy: USD/hour of what was placed (compute at list
 prices), one-off egress for moving input data, the objective the planner
-minimises (cost + latency penalty + egress + unplaced penalty), workloads left
+minimises (cost + latency penalty + egress + new-node charges + unplaced penalty),
+workloads left
 unplaced and latency SLOs missed. Greedy may look cheaper per hour when it
 places less or ignores latency; the table shows all columns so nobody has to
 take a single number on trust.

@@ -81,7 +81,8 @@ def comparison_table(results: Mapping[str, PolicyResult]) -> Table:
 def comparison_caption() -> str:
     return ("batch cost = what the planner minimises for this batch: compute over each "
             "job's run time (services: 1 h) + one-off data egress + latency penalty "
-            "(+ a penalty per unplaced workload)")
+            "+ a charge per node the plan opens (its price over boot + billing minimum or "
+            "the work, up to 1 h) (+ a penalty per unplaced workload)")
 
 
 def explanation_lines(rec: Mapping[str, Any]) -> list[str]:
