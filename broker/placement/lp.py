@@ -297,10 +297,16 @@ def solve_relaxation(model: Model, *, time_limit_s: float) -> Relaxation:
 
 
 def solve_mip(model: Model, start: FloatArray | None, *, time_limit_s: float,
-              mip_gap: float) -> MipResult:
-    """Time-boxed MIP, warm-started; reports the dual bound so the gap is honest."""
+              mip_gap: float, max_nodes: int | None = None) -> MipResult:
+    """Time-boxed MIP, warm-started; reports the dual bound so the gap is honest.
+
+    `max_nodes` caps branch-and-bound nodes (status "work_limit" when it stops there): with
+    it and a time limit that does not bind, the result does not depend on the machine's load.
+    """
     t0 = time.perf_counter()
     h = _highs(model, integer=True, time_limit_s=time_limit_s, mip_gap=mip_gap)
+    if max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))  # type: ignore[attr-defined]
     if start is not None:
         import highspy
 
@@ -313,7 +319,8 @@ def solve_mip(model: Model, start: FloatArray | None, *, time_limit_s: float,
     x = np.asarray(h.getSolution().col_value, dtype=np.float64)  # type: ignore[attr-defined]
     has_sol = int(info.primal_solution_status) >= 2 and x.size == model.cost.size
     return MipResult(
-        status="time_limit" if "time limit" in status else status,
+        status="time_limit" if "time limit" in status
+        else "work_limit" if "solution limit" in status else status,
         objective=float(info.objective_function_value) if has_sol else None,
         bound=float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None,
         x=x if has_sol else None, solve_s=time.perf_counter() - t0)

@@ -17,8 +17,9 @@ stable; add fields with defaults.
   baselines.py says what each copies. Same inputs, same output type.
 
 Pure: no I/O, no clock reads except `time.perf_counter` for the reported
-build/solve durations (they never change a decision, apart from the MIP time
-box), no globals, inputs never mutated.
+build/solve durations (they never change a decision, apart from the wall-clock
+time boxes, which `PlannerConfig.deterministic` replaces by counted work), no
+globals, inputs never mutated.
 """
 
 from __future__ import annotations
@@ -113,6 +114,25 @@ class PlannerConfig:
     # The LP relaxation must finish (its x guides the rounding, its value is the
     # bound): a separate, generous limit; `time_limit_s` boxes pricing + MIP.
     lp_time_limit_s: float = 60.0
+    # Counted work instead of the clock, so the same input gives the same plan on a loaded
+    # machine (the twin: docs/twin.md "Seeds and statistics"). The live broker keeps the
+    # wall-clock boxes above (it must answer within its epoch). When True, no stage reads
+    # the clock to decide: pricing stops on pricing_rounds / pricing_min_gain only; the
+    # ejection moves after at most improve_max_tries tried moves; every MIP (whole or
+    # neighbourhood) after mip_max_nodes branch-and-bound nodes (HiGHS `mip_max_nodes`), and
+    # the whole MIP runs whatever time is left. Every HiGHS solve keeps a wall-clock limit
+    # only as a safety net (safety_time_limit_s, for relaxations at least lp_time_limit_s),
+    # far above what the caps take; if one ever binds, that plan depends on the clock again.
+    # The caps are what the 5 s boxes reach on a quiet machine (measured on the bench's
+    # generated batches, CPU time standing in for a quiet machine's wall time): the 0.5 s
+    # ejection box tried 127 moves in 0.10 CPU s at 5000x500 (~600 in 0.5 s); a whole MIP
+    # at 200x50 with mip_gap 0 took 123 nodes in 4.2 CPU s (~150 in the <= 5 s box).
+    # Pricing has no such cap: at 5000x500 its first solve alone (2.3 CPU s) spends the
+    # 1.5 s box, while deterministic pricing runs up to pricing_rounds (more work there).
+    deterministic: bool = False
+    improve_max_tries: int = 600
+    mip_max_nodes: int = 150
+    safety_time_limit_s: float = 600.0
     # Objective price of a replica on fixed, already-paid sites (PricingModel.EDGE) as a
     # fraction of the apportioned price: 1.0 = apportioned; candidates.SUNK_SITE_COST_FRACTION
     # (0.1) = marginal running cost (the digital twin uses it; see docs/twin.md).
@@ -130,7 +150,9 @@ class PlannerConfig:
 
 @dataclass(frozen=True, slots=True)
 class SolveStats:
-    status: str  # optimal | time_limit | heuristic | lp_failed (greedy fallback)
+    # optimal | time_limit | work_limit (the deterministic MIP's node cap) | heuristic |
+    # lp_failed (greedy fallback)
+    status: str
     objective: float
     lp_bound: float | None
     gap: float | None
@@ -310,8 +332,10 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
             cs, pen, budgets, model, rounds=config.pricing_rounds,
             per_workload=config.pricing_columns,
             min_gain=config.pricing_min_gain,
-            budget_s=config.pricing_time_frac * config.time_limit_s,
-            lp_time_limit_s=config.lp_time_limit_s)
+            budget_s=math.inf if config.deterministic
+            else config.pricing_time_frac * config.time_limit_s,
+            lp_time_limit_s=max(config.lp_time_limit_s, config.safety_time_limit_s)
+            if config.deterministic else config.lp_time_limit_s)
     except lp.SolverError:
         # Never leave an epoch without a plan: fall back to the greedy incumbent.
         fallback = g if g is not None else greedy(cs, snapshot)
@@ -325,11 +349,11 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
         min(relax.objective, lp.lagrangian_bound(cs, model, relax))
     best_bound = bound
     status = "optimal" if relax.status == "optimal" else relax.status
-    best, source, best_obj = _round(cs, snapshot, model, relax, pen, g,
-                                    improve_s=config.improve_time_frac * config.time_limit_s)
+    best, source, best_obj = _round(cs, snapshot, model, relax, pen, g, config)
     heuristic_obj = best_obj
     mip_used = False
-    left_s = config.time_limit_s - (time.perf_counter() - t1)
+    left_s = config.safety_time_limit_s if config.deterministic else \
+        config.time_limit_s - (time.perf_counter() - t1)
     if _gap(best_obj, bound) > config.mip_gap:
         mip = _mip_stage(cs, snapshot, model, best, pen, budgets, config, left_s)
         if mip is not None:
@@ -338,7 +362,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
                 best_bound = max(bound, mip.bound)
             if mip.ledger is not None and mip.objective < best_obj - 1e-9:
                 best, source, best_obj = mip.ledger, mip.source, mip.objective
-            status = "time_limit" if mip.status == "time_limit" else status
+            status = mip.status if mip.status in ("time_limit", "work_limit") else status
     stats = SolveStats(status=status, objective=best_obj, lp_bound=bound,
                        gap=_gap(best_obj, best_bound), build_s=build_s,
                        solve_s=time.perf_counter() - t1, variables=int(model.cost.size),
@@ -367,6 +391,8 @@ def _mip_stage(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, 
     The whole MIP gets what is left of time_limit_s (none left: it does not run); the
     neighbourhood always gets its own box, so on a loaded machine, where the relaxation
     alone may take the whole time_limit_s, the epoch still gets its repair.
+    Deterministic (PlannerConfig.deterministic): both stop at mip_max_nodes instead, under
+    the safety time limit only.
     """
     whole = model.cost.size <= config.mip_max_columns
     if whole and left_s <= 0.05:
@@ -387,9 +413,11 @@ def _mip_stage(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, 
         if free_w.size == 0:
             return None
         sub = lp.fix_outside(model, start, free_w)
-        box = config.neighbourhood_time_frac * config.time_limit_s
-    mip = lp.solve_mip(sub, start, time_limit_s=box, mip_gap=config.mip_gap)
-    status = "time_limit" if whole and mip.status == "time_limit" else "optimal"
+        box = config.safety_time_limit_s if config.deterministic else \
+            config.neighbourhood_time_frac * config.time_limit_s
+    mip = lp.solve_mip(sub, start, time_limit_s=box, mip_gap=config.mip_gap,
+                       max_nodes=config.mip_max_nodes if config.deterministic else None)
+    status = mip.status if whole and mip.status in ("time_limit", "work_limit") else "optimal"
     bound = mip.bound if whole else None
     if mip.x is None:
         return _MipOutcome(status, bound, None, math.inf, "")
@@ -416,8 +444,8 @@ def _neighbourhood(model: lp.Model, start: np.ndarray) -> np.ndarray:
 
 
 def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
-           relax: lp.Relaxation, pen: np.ndarray, g: Ledger | None, *,
-           improve_s: float = 0.0) -> tuple[Ledger, str, float]:
+           relax: lp.Relaxation, pen: np.ndarray, g: Ledger | None,
+           config: PlannerConfig) -> tuple[Ledger, str, float]:
     """Integer solutions from the relaxation; the cheapest wins, then local moves.
 
     - "rounded": floor of the LP, most valuable workloads first, then repair;
@@ -437,6 +465,12 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     if g is not None:
         tries.append((g, "greedy"))
     best, source = min(tries, key=lambda t: t[0].objective(pen))
-    if improve_s > 0 and rounding.improve(best, pen, budget_s=improve_s) > 0:
+    if config.deterministic:
+        kept = rounding.improve(best, pen, budget_s=math.inf,
+                                max_tries=config.improve_max_tries)
+    else:
+        improve_s = config.improve_time_frac * config.time_limit_s
+        kept = rounding.improve(best, pen, budget_s=improve_s) if improve_s > 0 else 0
+    if kept > 0:
         source += "+moves"
     return best, source, best.objective(pen)

@@ -11,6 +11,7 @@ keeps the cheapest of these and the greedy incumbent (see lp.py's strategy).
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -110,15 +111,16 @@ def _restore(ledger: Ledger, saved: dict[int, dict[int, int]]) -> None:
 
 
 def improve(ledger: Ledger, pen: FloatArray, *, budget_s: float, per_option: int = 4,
-            options_per_workload: int = 6) -> int:
+            options_per_workload: int = 6, max_tries: int | None = None) -> int:
     """Ejection moves: make room for an unplaced workload by moving one placed workload.
 
     For each workload with unplaced replicas (highest penalty first), for its
     cheapest feasible options, try taking out one workload placed there,
     filling the unplaced one, then re-placing the one taken out anywhere it
     fits. Kept only if the two workloads' objective drops (and spread still
-    holds); otherwise the ledger is restored exactly. Time-boxed; returns the
-    number of moves kept. This closes most of what rounding leaves on large,
+    holds); otherwise the ledger is restored exactly. Stops after `budget_s` of wall
+    clock or `max_tries` tried moves (None: no cap; the count makes it deterministic);
+    returns the number of moves kept. This closes most of what rounding leaves on large,
     tight batches, where one replica in the wrong pool blocks another.
     """
     cs = ledger.cs
@@ -131,16 +133,20 @@ def improve(ledger: Ledger, pen: FloatArray, *, budget_s: float, per_option: int
     todo = [w for w in np.argsort(-pen, kind="stable").tolist()
             if ledger.placed(w) < cs.replicas[w] and cs.feasible[w].any()]
     kept = 0
+    tries = 0
+    cap = math.inf if max_tries is None else max_tries
     for w in todo:
         row = order_all[w]
         opts = [int(o) for o in row[:options_per_workload] if np.isfinite(cs.cost[w, o])]
         for o in opts:
-            if time.perf_counter() - t0 > budget_s or ledger.placed(w) >= cs.replicas[w]:
+            if time.perf_counter() - t0 > budget_s or ledger.placed(w) >= cs.replicas[w] \
+                    or tries >= cap:
                 break
             victims = sorted(on_opt.get(o, ()), key=lambda v: (pen[v], v))[:per_option]
             for v in victims:
-                if v == w or time.perf_counter() - t0 > budget_s:
+                if v == w or time.perf_counter() - t0 > budget_s or tries >= cap:
                     continue
+                tries += 1
                 saved = {w: dict(ledger.x[w]), v: dict(ledger.x[v])}
                 before = _local_objective(ledger, pen, (w, v))
                 ledger.remove(v)

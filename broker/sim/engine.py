@@ -65,7 +65,10 @@ class SimConfig:
     policy: str = "lp"
     # Decision records are not needed in the twin and never change a decision: off for speed.
     # Fixed sites are priced at their marginal cost, as live (PlannerConfig's default).
-    planner: PlannerConfig = field(default_factory=lambda: PlannerConfig(explain=False))
+    # Counted work, not the wall clock, bounds every planner stage, so a run is fixed by
+    # scenario, policy and seed however loaded the machine is (PlannerConfig.deterministic).
+    planner: PlannerConfig = field(
+        default_factory=lambda: PlannerConfig(explain=False, deterministic=True))
     fixed_action: PolicyAction = field(default_factory=PolicyAction)
     decision_interval_s: float = 300.0
     housekeeping_s: float = 300.0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import numpy as np
 import pytest
 
 from broker.domain import (
@@ -18,6 +20,7 @@ from broker.domain import (
     WorkloadKind,
 )
 from broker.placement.explain import whatif
+from broker.placement.ledger import Ledger, penalties
 from broker.placement.planner import PlannerConfig, PlannerError, plan_epoch
 
 from .placement_world import federation, pool, snapshot, workload
@@ -285,10 +288,9 @@ def test_column_generation_recovers_the_unpruned_lp_bound() -> None:
     assert (residual >= priced.model.row_lo - 1e-6).all()
 
 
-def test_ejection_move_makes_room_for_a_blocked_workload() -> None:
-    from broker.placement import rounding
+def _blocked() -> tuple[Ledger, np.ndarray]:
+    """"free" took the only node "pinned" can use; "free" could go elsewhere."""
     from broker.placement.candidates import build_candidates
-    from broker.placement.ledger import Ledger, penalties
 
     one_node = Resources(cpu=8, memory_gib=32)
     clusters = (
@@ -306,6 +308,13 @@ def test_ejection_move_makes_room_for_a_blocked_workload() -> None:
     ledger = Ledger(cs, snap)
     ledger.add(1, 0, 1)  # "free" took the only node "pinned" can use
     assert ledger.max_fit(0, 0) == 0
+    return ledger, pen
+
+
+def test_ejection_move_makes_room_for_a_blocked_workload() -> None:
+    from broker.placement import rounding
+
+    ledger, pen = _blocked()
     before = ledger.objective(pen)
     assert rounding.improve(ledger, pen, budget_s=5.0) == 1
     assert ledger.x[0] == {0: 1}
@@ -330,3 +339,14 @@ def test_paid_fixed_sites_are_used_before_buying_cloud_nodes() -> None:
     assert "edge" not in {a.pool for p in full.placements for a in p.assignments}
     site_price = marginal.placements[0].cost_usd_per_hour
     assert site_price > 0  # the placement still reports what the site costs
+
+
+def test_ejection_moves_stop_on_their_count_not_the_clock() -> None:
+    """PlannerConfig.deterministic: the moves are capped by tries, with no time box."""
+    from broker.placement import rounding
+
+    ledger, pen = _blocked()
+    assert rounding.improve(ledger, pen, budget_s=math.inf, max_tries=0) == 0
+    assert ledger.x[1] == {0: 1}  # untouched
+    assert rounding.improve(ledger, pen, budget_s=math.inf, max_tries=1) == 1
+    assert ledger.x[0] == {0: 1}
