@@ -43,9 +43,9 @@ def _record(scn: Scenario, catalog: Catalog, policy: str, *, reuse: bool
             plan.stats, build_s=0.0, solve_s=0.0))))
         return plan
 
-    # The planner's time boxes are wall-clock: set far out, so both runs decide alike.
-    timeless = PlannerConfig(explain=False, time_limit_s=3600.0)
-    eng = Engine(scn, catalog, SimConfig(policy=policy, check_invariants=True, planner=timeless,
+    # The twin's planner stops on counted work, not the clock (PlannerConfig.deterministic),
+    # so both runs decide alike however loaded the machine is.
+    eng = Engine(scn, catalog, SimConfig(policy=policy, check_invariants=True,
                                          reuse_observations=reuse), planner=planner)
     return seen, eng.run()
 
