@@ -49,6 +49,8 @@ from broker.domain import (
     Cluster,
     FederationSnapshot,
     Interconnect,
+    NodeLeaving,
+    NodeState,
     Placement,
     Pool,
     PricingModel,
@@ -285,6 +287,32 @@ def _health(member: Member, inputs: MergeInputs, settings: MergeSettings
             _prov("hub", inputs.now_s, hub.heard_s, settings.hub_max_age_s))
 
 
+def _release_gpus(states: tuple[NodeState, ...], gpus: int, per_node: int
+                  ) -> tuple[tuple[NodeState, ...], int]:
+    """Hand `gpus` released GPUs (a what-if's own workload) back to the pool's nodes, the most
+    used running nodes first (a whole-node job fills one node). A node left with every GPU free
+    is one free set again; a partly freed node keeps its last known largest set (conservative).
+    Returns the states and the pool's largest free set over running nodes."""
+    left = gpus
+    out = list(states)
+    order = sorted((k for k, n in enumerate(out) if n.leaving is NodeLeaving.NO),
+                   key=lambda k: out[k].gpu_free)
+    for k in order:
+        if left <= 0:
+            break
+        n = out[k]
+        give = min(left, max(0, per_node - n.gpu_free))
+        if give <= 0:
+            continue
+        free = n.gpu_free + give
+        out[k] = replace(n, gpu_free=free, largest_free_gpu_set=per_node if free >= per_node
+                         else n.largest_free_gpu_set)
+        left -= give
+    largest = max((n.largest_free_gpu_set for n in out if n.leaving is NodeLeaving.NO),
+                  default=0)
+    return tuple(out), largest
+
+
 def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) -> Cluster:
     """One member with every reading about it applied (commitments come after, for all)."""
     c = member.cluster
@@ -317,6 +345,10 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) 
             changes["used"] = Resources(max(0.0, used.cpu - off.cpu),
                                         max(0.0, used.memory_gib - off.memory_gib),
                                         max(0, used.gpu - off.gpu))
+            seen_states = changes.get("node_states", p.node_states)
+            if off.gpu > 0 and isinstance(seen_states, tuple) and seen_states:
+                states, largest = _release_gpus(seen_states, off.gpu, int(p.node.gpu))
+                changes["node_states"], changes["largest_free_gpu_set"] = states, largest
         price, pp = price_of(p, member, inputs, settings)
         if p.pricing is not PricingModel.EDGE:
             priced.append(pp)

@@ -5,6 +5,7 @@ registered capacity, provenance ages, sites as edge clusters, tenancy scope, dem
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -354,6 +355,24 @@ def test_released_requests_come_off_the_observed_usage() -> None:
     c = one(MergeInputs(now_s=NOW, members=(member(cluster("c")),), inventory={"c": inv},
                         released={("c", "m5"): Resources(6.0, 4.0, 0)}))
     assert c.pools[0].used == Resources(1.0, 4.0, 0)
+
+
+def test_released_gpus_come_back_to_the_nodes_so_a_whatif_sees_its_own_gpu_set() -> None:
+    """A what-if re-asks a running 8-GPU job: its own node must count as a free 8-GPU set
+    again (the GPU-set rule reads node states), not only the pool's total usage."""
+    from broker.placement.feasibility import free_gpu_sets
+
+    p4 = pool("p4", gpu=8, cpu=96, interconnect=Interconnect.NVLINK_FULL, itype="p4d.24xlarge")
+    inv = Inventory(observed_s=NOW, nodes=(node("busy", pool_name="p4", gpu=8, gpu_used=8),
+                                           node("half", pool_name="p4", gpu=8, gpu_used=4)))
+    inputs = MergeInputs(now_s=NOW, members=(member(cluster("c", p4)),), inventory={"c": inv})
+    held = one(inputs).pools[0]
+    assert free_gpu_sets(held, (8, True)) == 0
+    freed = one(replace(inputs, released={("c", "p4"): Resources(96.0, 0.0, 8)})).pools[0]
+    assert freed.used.gpu == 4
+    assert {n.name: n.gpu_free for n in freed.node_states} == {"busy": 8, "half": 4}
+    assert freed.largest_free_gpu_set == 8
+    assert free_gpu_sets(freed, (8, True)) == 1
 
 
 def test_probe_targets_name_their_rtt_and_bad_ones_fail_at_start() -> None:
