@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import types
-from pathlib import Path
 
 import pytest
 
@@ -24,19 +23,11 @@ from broker.placement import planner as planner_module
 from broker.placement import pricing, rounding
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.sim.engine import Engine, SimConfig
-from broker.sim.scenario import Scenario, load_scenario
+from broker.sim.scenario import Scenario
 from providers.catalog import Catalog
+from tests.unit.test_twin_reuse import cut
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
 CLOCKED_MODULES = (planner_module, pricing, rounding)
-
-
-def _cut(name: str, hours: float) -> tuple[Scenario, Catalog]:
-    catalog = Catalog.load()
-    scn = load_scenario(SCENARIOS / name / "scenario.toml", catalog)
-    end = hours * 3600.0
-    return dataclasses.replace(scn, horizon_s=end, events=tuple(
-        e for e in scn.events if e.submit_s < end)), catalog
 
 
 def _clock(monkeypatch: pytest.MonkeyPatch, step_s: float) -> None:
@@ -71,7 +62,7 @@ def _decisions(plan: EpochPlan) -> EpochPlan:
 
 def test_the_twin_decides_alike_on_a_fast_and_a_slow_machine(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    scn, catalog = _cut("retail-peak", 1.0)
+    scn, catalog = cut("retail-peak", 1.0)
     twin = SimConfig().planner
     assert twin.deterministic
     runs = {}

@@ -23,7 +23,8 @@ from providers.catalog import Catalog
 SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
 
 
-def _cut(name: str, hours: float) -> tuple[Scenario, Catalog]:
+def cut(name: str, hours: float) -> tuple[Scenario, Catalog]:
+    """The first `hours` of a shipped scenario (also used by test_twin_determinism)."""
     catalog = Catalog.load()
     scn = load_scenario(SCENARIOS / name / "scenario.toml", catalog)
     end = hours * 3600.0
@@ -56,7 +57,7 @@ def _record(scn: Scenario, catalog: Catalog, policy: str, *, reuse: bool
 ])
 def test_reused_observations_give_the_same_snapshots_and_plans(
         name: str, hours: float, policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    scn, catalog = _cut(name, hours)
+    scn, catalog = cut(name, hours)
     reads = 0
     observe = sim_snapshot.observe
 
