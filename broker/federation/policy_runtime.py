@@ -165,13 +165,23 @@ def share_observation(record: Mapping[str, object], holder_id: str) -> dict[str,
     return out
 
 
+# The record's per-cluster maps (cluster name -> value): every cluster of the federation,
+# other tenants' private ones too, so a placement keeps only its chosen clusters' entries.
+PER_CLUSTER_KEYS = ("idle_timeout_s", "warm_nodes", "spot_bias_usd_per_hour")
+
+
 def per_placement(record: Mapping[str, object], placement: Placement) -> dict[str, object]:
-    """The epoch's policy record narrowed to one placement: bias of its chosen clusters only."""
+    """The epoch's policy record narrowed to one placement: the bias (0 when absent) and every
+    other per-cluster action of its chosen clusters only, never another cluster's name."""
     out = dict(record)
     bias = record.get("bias_usd_per_hour")
     chosen = sorted({a.cluster for a in placement.assignments})
     out["bias_usd_per_hour"] = {c: (bias.get(c, 0.0) if isinstance(bias, Mapping) else 0.0)
                                 for c in chosen}
+    for key in PER_CLUSTER_KEYS:
+        values = record.get(key)
+        if isinstance(values, Mapping):
+            out[key] = {c: values[c] for c in chosen if c in values}
     return out
 
 
