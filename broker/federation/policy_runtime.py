@@ -54,6 +54,13 @@ HISTORY_EPOCHS = 32  # batches averaged into the SHAP baseline
 OBS_DECIMALS = 5
 SHAP_TOP = 5
 
+# The policy's per-cluster actions: decision-record key -> PolicyAction field (cluster name ->
+# value). They name every cluster of the federation, other tenants' private ones too, so a
+# placement's record keeps only its chosen clusters' entries (per_placement).
+PER_CLUSTER_FIELDS = {"bias_usd_per_hour": "cluster_bias_usd_per_hour",
+                      "idle_timeout_s": "idle_timeout_s", "warm_nodes": "warm_nodes",
+                      "spot_bias_usd_per_hour": "spot_bias_usd_per_hour"}
+
 
 @dataclass(frozen=True)
 class PolicyDecision:
@@ -126,12 +133,9 @@ class PolicyRuntime:
 
     def _action_record(self, action: PolicyAction) -> dict[str, object]:
         return self.identity() | {
-            "bias_usd_per_hour": dict(action.cluster_bias_usd_per_hour),
             "headroom": action.headroom, "prewarm_lead_s": action.prewarm_lead_s,
             "latency_weight_usd_per_ms": action.latency_weight_usd_per_ms,
-            "idle_timeout_s": dict(action.idle_timeout_s),
-            "warm_nodes": dict(action.warm_nodes),
-            "spot_bias_usd_per_hour": dict(action.spot_bias_usd_per_hour)}
+            **{key: dict(getattr(action, attr)) for key, attr in PER_CLUSTER_FIELDS.items()}}
 
     def _baseline_and_remember(self, obs: GraphObs, *, remember: bool = True
                                ) -> tuple[np.ndarray, np.ndarray]:
@@ -165,11 +169,6 @@ def share_observation(record: Mapping[str, object], holder_id: str) -> dict[str,
     return out
 
 
-# The record's per-cluster maps (cluster name -> value): every cluster of the federation,
-# other tenants' private ones too, so a placement keeps only its chosen clusters' entries.
-PER_CLUSTER_KEYS = ("idle_timeout_s", "warm_nodes", "spot_bias_usd_per_hour")
-
-
 def per_placement(record: Mapping[str, object], placement: Placement) -> dict[str, object]:
     """The epoch's policy record narrowed to one placement: the bias (0 when absent) and every
     other per-cluster action of its chosen clusters only, never another cluster's name."""
@@ -178,7 +177,7 @@ def per_placement(record: Mapping[str, object], placement: Placement) -> dict[st
     chosen = sorted({a.cluster for a in placement.assignments})
     out["bias_usd_per_hour"] = {c: (bias.get(c, 0.0) if isinstance(bias, Mapping) else 0.0)
                                 for c in chosen}
-    for key in PER_CLUSTER_KEYS:
+    for key in (k for k in PER_CLUSTER_FIELDS if k != "bias_usd_per_hour"):
         values = record.get(key)
         if isinstance(values, Mapping):
             out[key] = {c: values[c] for c in chosen if c in values}
@@ -265,9 +264,8 @@ def _output(action: PolicyAction, name: str) -> float:
     if name == "prewarm_lead_s":
         return action.prewarm_lead_s
     field, _, cluster = name.partition("[")
-    per_cluster = {"bias": action.cluster_bias_usd_per_hour,
-                   "idle_timeout_s": action.idle_timeout_s, "warm_nodes": action.warm_nodes,
-                   "spot_bias_usd_per_hour": action.spot_bias_usd_per_hour}.get(field, {})
+    attr = PER_CLUSTER_FIELDS.get("bias_usd_per_hour" if field == "bias" else field)
+    per_cluster: Mapping[str, float] = getattr(action, attr) if attr else {}
     return float(per_cluster.get(cluster.rstrip("]"), 0.0))
 
 
