@@ -29,9 +29,9 @@ Formulas (also in docs/twin.md):
 - slo_violation_frac = integral(violating replica-s) / integral(target replica-s) over services
   with a latency SLO: target = min(desired, most replicas ever running); violating = target
   minus replicas running in clusters where RTT(user_region, cluster) + the M/M/c waiting time
-  (sim/queueing.py, offered load from the desired replica count) <= SLO. (Initial start-up is
-  scale-out response, not an SLO violation; losing served replicas to a failure, serving out
-  of SLO, or running too few replicas for the load is.)
+  (placement/queueing.py, offered load from the desired replica count) <= SLO. (Initial
+  start-up is scale-out response, not an SLO violation; losing served replicas to a
+  failure, serving out of SLO, or running too few replicas for the load is.)
 - unplaced: workloads with replicas still pending at the horizon.
 - decision_ms_p99: wall-clock ms of the planner call (plus observe + forward pass for lp+rl
   in the epochs where the policy decides).
@@ -43,7 +43,8 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
-from broker.sim import physics, queueing
+from broker.placement import queueing
+from broker.sim import physics
 from broker.sim.state import Group, Node, WorkloadState
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
 """The twin's physical models: transfer times, multi-GPU speedup, service traffic. Pure.
 
 Queueing (`queue_wait_ms`) and the placement-dependent training speedup (`job_speedup`) live
-in `broker/sim/queueing.py` and `broker/sim/training.py`; this module keeps the constants the
-engine uses directly.
+in `broker/placement/queueing.py` (below both shells) and `broker/sim/training.py`; this
+module keeps the constants the engine uses directly.
 
 Every constant has its source here and in docs/twin.md. Why one module: these are the
 assumptions a reader must be able to check (and change) in one place; the engine only

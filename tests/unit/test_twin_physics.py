@@ -1,7 +1,7 @@
 """Physics that respond to placement (issue 11, item 3): each test fails on the pre-change twin.
 
 Tiny hand-built twins (tests/unit/test_twin_engine.py's helpers, noise off) and the pure
-models (sim/training.py, sim/queueing.py).
+models (sim/training.py, placement/queueing.py).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_an_under_provisioned_service_violates_its_slo() -> None:
     m, _ = run(scenario(doc(nodes=1, max_nodes=1, horizon_s=1200.0), trace))
     assert isinstance(m["slo_violation_frac"], float)
     assert m["slo_violation_frac"] > 0.4
-    from broker.sim import queueing
+    from broker.placement import queueing
 
     assert queueing.queue_wait_ms(2, 2.0) == math.inf
     assert 0.0 < queueing.queue_wait_ms(4, 2.0) < queueing.queue_wait_ms(2, 1.5)

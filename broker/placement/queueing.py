@@ -1,5 +1,8 @@
 """Load-dependent service latency: an M/M/c queue per replica set. Pure.
 
+One formula for both shells: the twin's SLO metric (sim/metrics.py) measures with it and
+the planner (which may not import broker.sim) needs it to plan for SLOs, so it lives here.
+
 Why: without queueing an under-provisioned service (fewer replicas than its load needs,
 e.g. while a scale-out is still booting nodes) never violates its SLO in the twin, so a
 policy that answers scale requests slowly looks as good as one that answers at once.
