@@ -441,7 +441,12 @@ class PolicyAction:
     empty before it is removed); `warm_nodes` is how many empty ready nodes a pool
     keeps instead of scaling them in (its warm pool); `spot_bias_usd_per_hour` is
     added to the per-replica objective of the cluster's spot options only (positive =
-    less spot: it steers the spot share). The defaults are the fixed weights (`lp`).
+    less spot: it steers the spot share). When to consolidate: `consolidate_below` is
+    the utilisation under which `lp`'s consolidation rule may drain a node with restartable
+    work (missing: consolidate.CA_UTILIZATION_THRESHOLD, 0.5; 0 = never). How much to
+    reserve: `reserve_nodes` is how many whole free nodes each multi-GPU pool keeps for
+    whole-node jobs beyond those queued (missing: 0, only the queued ones). The defaults
+    are the fixed weights (`lp`).
     """
 
     cluster_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
@@ -451,6 +456,8 @@ class PolicyAction:
     idle_timeout_s: Mapping[str, float] = field(default_factory=dict)
     warm_nodes: Mapping[str, int] = field(default_factory=dict)
     spot_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
+    consolidate_below: Mapping[str, float] = field(default_factory=dict)
+    reserve_nodes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,9 @@ SHAP_TOP = 5
 # placement's record keeps only its chosen clusters' entries (per_placement).
 PER_CLUSTER_FIELDS = {"bias_usd_per_hour": "cluster_bias_usd_per_hour",
                       "idle_timeout_s": "idle_timeout_s", "warm_nodes": "warm_nodes",
-                      "spot_bias_usd_per_hour": "spot_bias_usd_per_hour"}
+                      "spot_bias_usd_per_hour": "spot_bias_usd_per_hour",
+                      "consolidate_below": "consolidate_below",
+                      "reserve_nodes": "reserve_nodes"}
 
 
 @dataclass(frozen=True)

@@ -277,13 +277,15 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
         cand=cand, infeasible_counts=counts, domain=domains, visible=visible,
         targets=targets, node_usd=node_usd, list_compute=list_compute,
-        gpu_sets=gpu_set_table(wls, options, feasible, queued))
+        gpu_sets=gpu_set_table(wls, options, feasible, queued, action.reserve_nodes))
 
 
 def gpu_set_table(wls: Sequence[Workload], options: Sequence[Option], feasible: BoolArray,
-                  queued: Sequence[Workload]) -> Mapping[tuple[int, GpuClass], tuple[int, int]]:
+                  queued: Sequence[Workload], extra: Mapping[str, int] | None = None,
+                  ) -> Mapping[tuple[int, GpuClass], tuple[int, int]]:
     """CandidateSet.gpu_sets: a row for every multi-GPU class on every pool it is feasible
-    on, and for single GPUs too where whole nodes are reserved (feasibility.py)."""
+    on, and for single GPUs too where whole nodes are reserved (feasibility.py; `extra`:
+    PolicyAction.reserve_nodes, whole nodes per cluster kept beyond the queued jobs')."""
     classes: dict[GpuClass, list[int]] = {}
     for i, w in enumerate(wls):
         cls = gpu_class(w)
@@ -296,7 +298,8 @@ def gpu_set_table(wls: Sequence[Workload], options: Sequence[Option], feasible: 
         g = int(o.pool.node.gpu)
         if g <= 0:
             continue
-        reserve = reserved_nodes(o.pool, queued) if queued else 0
+        more = (extra or {}).get(o.cluster.name, 0)
+        reserve = reserved_nodes(o.pool, queued, more) if queued or more > 0 else 0
         for cls, idx in classes.items():
             if cls[0] > g or (cls[0] < 2 and reserve == 0) or not feasible[idx, j].any():
                 continue

@@ -29,7 +29,9 @@ them.
   capped at the objective horizon) exceeds the restart cost, each job's whole run rate
   (`Placement.cost_usd_per_hour`: a gang restarts whole) over RESTART_LOST_S of lost work
   (half of an assumed 30-minute checkpoint interval, an assumption stated as one). At most
-  ceil(10 %) of a pool's nodes per epoch (Karpenter's default disruption budget).
+  ceil(10 %) of a pool's nodes per epoch (Karpenter's default disruption budget). The
+  policy may move the 0.5 threshold per cluster (`PolicyAction.consolidate_below`: when to
+  consolidate; 0 never drains); the restart condition (2) holds whatever it says.
 
 "Fit" is checked on the aggregate free room of the receivers (CPU, memory, GPUs) and the
 largest free GPU set of one receiver for the node's GPUs: the node's own per-pod layout is
@@ -148,10 +150,13 @@ def _worth_draining(n: NodeState, p: Pool, snapshot: FederationSnapshot) -> bool
     return saving > restart + 1e-9
 
 
-def _lp_nodes(p: Pool, snapshot: FederationSnapshot, max_nodes: int) -> tuple[str, ...]:
-    """Nodes of one pool the `lp` rule drains (module docstring)."""
+def _lp_nodes(p: Pool, snapshot: FederationSnapshot, max_nodes: int,
+              threshold: float = CA_UTILIZATION_THRESHOLD) -> tuple[str, ...]:
+    """Nodes of one pool the `lp` rule drains (module docstring), under `threshold` use."""
+    if threshold <= 0:
+        return ()
     usable = [n for n in p.node_states if _usable(n)]
-    cands = [n for n in usable if _busy(n, p) and utilization(n, p) < CA_UTILIZATION_THRESHOLD
+    cands = [n for n in usable if _busy(n, p) and utilization(n, p) < threshold
              and _worth_draining(n, p, snapshot)]
     cands.sort(key=lambda n: (utilization(n, p), n.name))
     chosen: list[NodeState] = []
@@ -166,9 +171,12 @@ def _lp_nodes(p: Pool, snapshot: FederationSnapshot, max_nodes: int) -> tuple[st
 
 def consolidations(snapshot: FederationSnapshot, policy: str,
                    skip: frozenset[Pair] | set[Pair] = frozenset(),
-                   budget: Mapping[str, float] | None = None) -> tuple[PoolScaleIn, ...]:
+                   budget: Mapping[str, float] | None = None,
+                   below: Mapping[str, float] | None = None) -> tuple[PoolScaleIn, ...]:
     """PoolScaleIn(reason="consolidate") of non-empty nodes for `policy` (module docstring);
-    () for policies without such a rule. Pools in `skip` (growing this epoch) are left."""
+    () for policies without such a rule. Pools in `skip` (growing this epoch) are left.
+    `below`: the `lp` rule's utilisation threshold per cluster (PolicyAction.consolidate_below;
+    missing clusters: CA_UTILIZATION_THRESHOLD)."""
     if policy not in ("karpenter", "traditional", "lp"):
         return ()
     fraction = (budget or {}).get("karpenter", KARPENTER_BUDGET_FRACTION)
@@ -182,7 +190,8 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
                 continue
             if policy == "lp":
                 names = _lp_nodes(p, snapshot, math.ceil(KARPENTER_BUDGET_FRACTION
-                                                         * len(p.node_states)))
+                                                         * len(p.node_states)),
+                                  (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD))
             elif policy == "karpenter":
                 limit = math.ceil(fraction * len(p.node_states))
                 names = _pool_nodes(c, p, snapshot.now_s, max_nodes=limit, underused_for_s=None)

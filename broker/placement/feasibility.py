@@ -19,7 +19,9 @@ Reservation (the rule for large jobs): when whole-node jobs (k = the node's GPU 
 pool are queued (pending but backing off this epoch, so not in the batch), the pool keeps
 R = min(whole free nodes, queued whole-node replicas) whole free nodes out of the sets
 smaller jobs may take, so they do not break the nodes the large jobs wait for. The large
-jobs' own sets count every whole free node.
+jobs' own sets count every whole free node. The policy may keep more
+(`PolicyAction.reserve_nodes`: how much to reserve): R = min(whole free nodes, queued
+whole-node replicas + extra), extra whole free nodes held for whole-node jobs yet to come.
 """
 
 from __future__ import annotations
@@ -112,8 +114,9 @@ def whole_free_nodes(pool: Pool) -> int:
     return max(0, int(pool.free.gpu)) // g if pool.largest_free_gpu_set in (0, g) else 0
 
 
-def reserved_nodes(pool: Pool, queued: Iterable[Workload]) -> int:
-    """Whole free nodes kept for queued whole-node jobs (module docstring's rule)."""
+def reserved_nodes(pool: Pool, queued: Iterable[Workload], extra: int = 0) -> int:
+    """Whole free nodes kept for queued whole-node jobs, plus `extra` for those yet to come
+    (module docstring's rule)."""
     g = int(pool.node.gpu)
     if g <= 1:
         return 0
@@ -122,6 +125,7 @@ def reserved_nodes(pool: Pool, queued: Iterable[Workload]) -> int:
                and (not w.spec.gpu_model
                     or (pool.gpu_model or "").lower() == w.spec.gpu_model.lower())
                and pool.interconnect.satisfies(w.spec.interconnect))
+    want += max(0, extra)
     return min(want, whole_free_nodes(pool)) if want else 0
 
 

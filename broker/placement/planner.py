@@ -261,7 +261,8 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves,
         scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing, action)
-        + consolidate.consolidations(snapshot, policy, growing))
+        + consolidate.consolidations(snapshot, policy, growing,
+                                     below=action.consolidate_below))
 
 
 def plan_candidates(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,

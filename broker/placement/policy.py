@@ -4,10 +4,20 @@ What it steers (DESIGN.md "The placement problem"): the LP keeps every hard cons
 policy only outputs a `PolicyAction` (ACTIONS: name, range, fixed-weights value):
 - per cluster (one output per graph node, applied to each of its pools): the affinity bias
   (USD/h added to each replica's objective there), the scale-in idle timeout, the warm pool
-  (empty nodes kept instead of scaled in) and the spot bias (USD/h added to its spot
-  options only, which steers the spot share);
+  (empty nodes kept instead of scaled in), the spot bias (USD/h added to its spot
+  options only, which steers the spot share), when to consolidate (the utilisation under
+  which `lp`'s rule drains a node of restartable work) and how much to reserve (whole free
+  nodes a multi-GPU pool keeps for whole-node jobs beyond the queued ones);
 - global: the headroom (allocation ratio: share of pool capacity the LP may fill) and the
   prewarm lead time (how far ahead the forecast provisions nodes).
+
+A neutral zone makes "do nothing" learnable: a raw output within NEUTRAL_LOGIT of the fixed
+weights' logit is the fixed weights' value exactly (outside it the sigmoid resumes from that
+value, so the map stays continuous and monotone). Why: with a plain sigmoid only one raw
+point in R gives lp's value, so a trained mean never equals lp and every state pays whatever
+small deviation the policy drifted to (the v2 checkpoint lost 2.7 % on edge-heavy this way,
+mostly through a prewarm lead that left 120 s); with the zone, lp is a region the policy
+starts in and stays in wherever deviating does not pay.
 Each range is wide enough to change a decision (tests/unit/test_policy_actions.py builds a
 state where each one does): a bias of 0.25 USD/h per replica outweighs the price gap between
 two clouds' vCPUs (a few cents), headroom 0.5..1 decides whether a pool's last node is
@@ -48,6 +58,7 @@ import torch
 from torch import nn
 
 from broker.domain import PolicyAction
+from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
 from broker.placement.decisions import DecisionConfig
 
 NODE_FEATURES = (
@@ -73,7 +84,8 @@ class ActionSpec:
     Every output is a Gaussian in an unsquashed space mapped by a sigmoid onto [low, high]
     (an integer output onto low..high, each integer an equal share of the sigmoid's range).
     `default` is the fixed weights' value (PolicyAction's default, what `lp` uses): the
-    untrained policy's mean action, so training starts from lp (a residual policy).
+    untrained policy's mean action, so training starts from lp (a residual policy). Raw
+    values within NEUTRAL_LOGIT of `start_logit()` give `default` exactly (module docstring).
     """
 
     name: str
@@ -84,17 +96,35 @@ class ActionSpec:
     integer: bool = False
 
     def squash(self, raw: np.ndarray) -> np.ndarray:
-        sig = 1.0 / (1.0 + np.exp(-np.clip(raw, -30.0, 30.0)))
+        start = self.start_logit()
+        off = np.asarray(raw, dtype=np.float64) - start
+        inside = np.abs(off) <= NEUTRAL_LOGIT
+        shifted = start + np.sign(off) * np.maximum(np.abs(off) - NEUTRAL_LOGIT, 0.0)
+        sig = 1.0 / (1.0 + np.exp(-np.clip(shifted, -30.0, 30.0)))
         if self.integer:
             span = self.high - self.low + 1.0
-            return np.asarray(np.minimum(np.floor(self.low + span * sig), self.high))
-        return np.asarray(self.low + (self.high - self.low) * sig)
+            val = np.minimum(np.floor(self.low + span * sig), self.high)
+        else:
+            val = self.low + (self.high - self.low) * sig
+        return np.asarray(np.where(inside, self.default, val))
 
     def start_logit(self) -> float:
+        """The raw output whose value is `default` (the neutral zone's centre)."""
+        return self._plain_logit(self.default)
+
+    def raw_for(self, value: float) -> float:
+        """A raw output that `squash` maps to `value` (inverse across the neutral zone)."""
+        start = self.start_logit()
+        if value == self.default:
+            return start
+        plain = self._plain_logit(value)
+        return plain + math.copysign(NEUTRAL_LOGIT, plain - start)
+
+    def _plain_logit(self, value: float) -> float:
         if self.integer:
-            frac = (self.default - self.low + 0.5) / (self.high - self.low + 1.0)
+            frac = (value - self.low + 0.5) / (self.high - self.low + 1.0)
         else:
-            frac = (self.default - self.low) / (self.high - self.low)
+            frac = (value - self.low) / (self.high - self.low)
         frac = min(max(frac, 1e-3), 1 - 1e-3)
         return math.log(frac / (1 - frac))
 
@@ -106,6 +136,12 @@ LEAD_MAX_S = 1800.0
 IDLE_TIMEOUT_MAX_S = 1800.0
 WARM_NODES_MAX = 3
 SPOT_BIAS_MAX_USD_PER_HOUR = 0.1
+CONSOLIDATE_BELOW_MAX = 0.9
+RESERVE_NODES_MAX = 2
+# Half-width of the neutral zone around each action's fixed-weights logit (module docstring):
+# the initial exploration std is exp(-0.3) = 0.74, so about half of the sampled values of
+# each action are lp's while training starts.
+NEUTRAL_LOGIT = 0.5
 _FIXED = PolicyAction()
 ACTIONS = (
     ActionSpec("cluster_bias_usd_per_hour", True, -BIAS_MAX_USD_PER_HOUR,
@@ -115,12 +151,17 @@ ACTIONS = (
     ActionSpec("warm_nodes", True, 0.0, float(WARM_NODES_MAX), 0.0, integer=True),
     ActionSpec("spot_bias_usd_per_hour", True, -SPOT_BIAS_MAX_USD_PER_HOUR,
                SPOT_BIAS_MAX_USD_PER_HOUR, 0.0),
+    ActionSpec("consolidate_below", True, 0.0, CONSOLIDATE_BELOW_MAX,
+               CA_UTILIZATION_THRESHOLD),
+    ActionSpec("reserve_nodes", True, 0.0, float(RESERVE_NODES_MAX), 0.0, integer=True),
     ActionSpec("headroom", False, HEADROOM_MIN, HEADROOM_MAX, _FIXED.headroom),
     ActionSpec("prewarm_lead_s", False, 0.0, LEAD_MAX_S, _FIXED.prewarm_lead_s),
 )
 NODE_ACTIONS = tuple(a for a in ACTIONS if a.per_cluster)
 GLOBAL_ACTIONS = tuple(a for a in ACTIONS if not a.per_cluster)
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
+# Format 2 (before consolidate_below and reserve_nodes) loads with those at the fixed weights.
+_V2_NODE_ACTIONS = 4
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "policy_data" / "policy.pt"
 
 
@@ -232,10 +273,14 @@ class ActorCritic(nn.Module):
         """Load a checkpoint from a path or bytes; raises ValueError on a foreign file."""
         buf: io.BytesIO | Path = io.BytesIO(source) if isinstance(source, bytes) else Path(source)
         blob = torch.load(buf, map_location="cpu", weights_only=True)
-        if not isinstance(blob, dict) or blob.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"not a skyfed policy checkpoint (version {CHECKPOINT_VERSION})")
+        if not isinstance(blob, dict) or blob.get("version") not in (2, CHECKPOINT_VERSION):
+            raise ValueError(f"not a skyfed policy checkpoint (version 2 or "
+                             f"{CHECKPOINT_VERSION})")
         model = cls(hidden=int(blob["hidden"]), rounds=int(blob["rounds"]))
-        model.load_state_dict(blob["state"])
+        state = blob["state"]
+        if blob["version"] == 2:
+            state = _upgrade_v2(state, model.state_dict())
+        model.load_state_dict(state)
         model.eval()
         return model
 
@@ -245,6 +290,23 @@ class ActorCritic(nn.Module):
         if not DEFAULT_CHECKPOINT.exists():
             return None
         return cls.load(DEFAULT_CHECKPOINT)
+
+
+def _upgrade_v2(old: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]
+                ) -> dict[str, torch.Tensor]:
+    """A format-2 state dict in format 3's layout: the per-cluster actions added since
+    (NODE_ACTIONS after the first four) keep the fresh model's start (the fixed weights),
+    with zero weights, so they are exactly lp's in every state."""
+    out = dict(old)
+    k = _V2_NODE_ACTIONS
+    w, b = fresh["node_head.2.weight"].clone(), fresh["node_head.2.bias"].clone()
+    w[:k], b[:k] = old["node_head.2.weight"], old["node_head.2.bias"]
+    w[k:] = 0.0
+    out["node_head.2.weight"], out["node_head.2.bias"] = w, b
+    std = fresh["log_std"].clone()
+    std[:k], std[len(NODE_ACTIONS):] = old["log_std"][:k], old["log_std"][k:]
+    out["log_std"] = std
+    return out
 
 
 def gaussian_log_prob(raw: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from torch import nn
@@ -26,7 +24,7 @@ def constant_model(**values: float) -> ActorCritic:
             assert isinstance(last, nn.Linear)
             last.weight.zero_()
             last.bias.copy_(torch.tensor([
-                replace(a, default=values[a.name]).start_logit() if a.name in values
+                a.raw_for(values[a.name]) if a.name in values
                 else a.start_logit() for a in specs]))
     return m
 

@@ -22,6 +22,7 @@ from broker.placement.policy import (
     LEAD_MAX_S,
     NODE_ACTIONS,
     NODE_FEATURES,
+    RESERVE_NODES_MAX,
     SPOT_BIAS_MAX_USD_PER_HOUR,
     WARM_NODES_MAX,
     ActorCritic,
@@ -83,12 +84,16 @@ def test_actions_in_range_and_deterministic() -> None:
 
 
 def test_to_action_squashes_extremes() -> None:
-    # Layout: bias, idle timeout, warm nodes, spot bias (one per cluster), headroom, lead.
-    act = to_action(("a",), np.array([100.0, 100.0, 100.0, -100.0, -100.0, 100.0]))
+    # Layout: bias, idle timeout, warm nodes, spot bias, consolidate_below, reserve_nodes
+    # (one per cluster), headroom, lead.
+    act = to_action(("a",), np.array([100.0, 100.0, 100.0, -100.0, -100.0, 100.0, -100.0,
+                                      100.0]))
     assert act.cluster_bias_usd_per_hour["a"] == pytest.approx(BIAS_MAX_USD_PER_HOUR)
     assert act.idle_timeout_s["a"] == pytest.approx(IDLE_TIMEOUT_MAX_S)
     assert act.warm_nodes["a"] == WARM_NODES_MAX
     assert act.spot_bias_usd_per_hour["a"] == pytest.approx(-SPOT_BIAS_MAX_USD_PER_HOUR)
+    assert act.consolidate_below["a"] == 0.0
+    assert act.reserve_nodes["a"] == RESERVE_NODES_MAX
     assert act.headroom == pytest.approx(HEADROOM_MIN)
     assert act.prewarm_lead_s == pytest.approx(LEAD_MAX_S)
 
@@ -161,6 +166,9 @@ def test_target_miss_zero_when_met() -> None:
 def test_shap_values_explain_every_output() -> None:
     torch.manual_seed(0)
     m = ActorCritic()
+    with torch.no_grad():  # out of the neutral zone, where the fixed weights are flat
+        m.global_head[-1].bias.add_(2.0)  # type: ignore[operator]
+        m.global_head[-1].weight.mul_(10.0)  # type: ignore[operator]
     g = graph(3)
     sv = shap_values(m, g, [graph(3, seed=s) for s in range(1, 4)], top=3)
     assert set(sv) == set(output_names(g))
