@@ -196,6 +196,10 @@ class WorkloadSpec:
     # A PlacementPolicy's `replicaSplit: weighted`: replicas divided over the feasible member
     # clusters by these static weights (placement/weighted.py), not by cost; empty: cost.
     replica_weights: tuple[ClusterWeight, ...] = ()
+    # Per-replica utilisation the planner plans this service's latency SLO at (RTT + the
+    # M/M/c wait of placement/queueing.py); None: the SLO bounds RTT alone. Set by the planner
+    # when it sizes a service for its SLO (feasibility.size_for_slo), not by users.
+    slo_utilization: float | None = None
 
     @property
     def total(self) -> Resources:

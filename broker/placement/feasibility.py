@@ -26,6 +26,7 @@ whole-node replicas + extra), extra whole free nodes held for whole-node jobs ye
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,8 +42,9 @@ from broker.domain import (
     PricingModel,
     Toleration,
     Workload,
+    WorkloadKind,
 )
-from broker.placement import topology
+from broker.placement import queueing, topology
 from broker.placement.network import RttResolver
 
 if TYPE_CHECKING:
@@ -264,22 +266,84 @@ def _per_cluster_mask(wls: Sequence[Workload], options: Sequence[Option],
 
 def _latency_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
                   options: Sequence[Option]) -> BoolArray:
+    """`latency` family: RTT(user region, cluster) + the planned wait <= SLO.
+
+    The planned wait is the M/M/1 wait of one replica at the spec's `slo_utilization`
+    (placement/queueing.py; the worst case of any split of the replicas over clusters), none
+    when the spec has no `slo_utilization` (the SLO bounds RTT alone: workloads the planner
+    did not size, and the baselines, whose systems have no such rule).
+    """
     resolver = RttResolver(snapshot)
     mask = np.ones((len(wls), len(options)), dtype=bool)
-    rows: dict[tuple[str, float], BoolArray] = {}
+    rows: dict[tuple[str, float, float | None], BoolArray] = {}
     for i, w in enumerate(wls):
         spec = w.spec
         if spec.latency_slo_ms is None or spec.user_region is None:
             continue
-        key = (spec.user_region, spec.latency_slo_ms)
+        key = (spec.user_region, spec.latency_slo_ms, spec.slo_utilization)
         if key not in rows:
+            wait = 0.0 if spec.slo_utilization is None else \
+                queueing.queue_wait_ms(1, spec.slo_utilization)
             ok = np.zeros(len(options), dtype=bool)
             for j, o in enumerate(options):
                 rtt = resolver.rtt_ms(spec.user_region, o.cluster)
-                ok[j] = rtt is not None and rtt <= spec.latency_slo_ms + 1e-9
+                ok[j] = rtt is not None and rtt + wait <= spec.latency_slo_ms + 1e-9
             rows[key] = ok
         mask[i] = rows[key]
     return mask
+
+
+def with_slo_utilization(w: Workload, running: int) -> Workload:
+    """A running latency-SLO service as the SLO-aware latency mask judges a move of it: its
+    spec's replicas' load (queueing.offered_load) spread over the `running` ones."""
+    spec = w.spec
+    if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
+            or spec.slo_utilization is not None or running <= 0):
+        return w
+    util = queueing.offered_load(spec.replicas) / running
+    return dataclasses.replace(w, spec=dataclasses.replace(spec, slo_utilization=util))
+
+
+def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
+                 ) -> tuple[tuple[Workload, ...], dict[str, int]]:
+    """The workloads as the SLO-aware planner places them, and the replicas it adds to each.
+
+    A service with a latency SLO serves inside it only when RTT + its queueing wait fits
+    (placement/queueing.py, the twin's model). The broker knows a service's replica count,
+    not its request rate, so the load is what the asked replicas were sized for (the
+    target-utilisation assumption of queueing.py). Against the best RTT among the healthy
+    clusters the tenant may use, `queueing.replicas_for_slack` gives the fewest replicas
+    n >= asked at which even one replica alone in a cluster waits within the slack; the
+    service is planned with n replicas and `slo_utilization` = TARGET x asked / n, and
+    `_latency_mask` admits only clusters where RTT + that wait fits, so any split of the
+    n replicas serves inside the SLO. No such n within the factor cap (or no cluster under
+    the SLO): unchanged, and the SLO bounds RTT alone as before. Weighted splits (Karmada's
+    static weights divide the asked count) and non-services are left as they are.
+    """
+    resolver = RttResolver(snapshot)
+    out: list[Workload] = []
+    extra: dict[str, int] = {}
+    for w in wls:
+        spec = w.spec
+        if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
+                or spec.user_region is None or spec.replica_weights or spec.replicas <= 0):
+            out.append(w)
+            continue
+        rtts = [r for c in snapshot.clusters
+                if c.healthy and may_use(w.tenant, c)
+                and (not spec.cluster_names or c.name in spec.cluster_names)
+                and (r := resolver.rtt_ms(spec.user_region, c)) is not None]
+        n = queueing.replicas_for_slack(spec.replicas, spec.latency_slo_ms - min(rtts)) \
+            if rtts else None
+        if n is None:
+            out.append(w)
+            continue
+        util = queueing.TARGET_UTILIZATION * spec.replicas / n
+        out.append(dataclasses.replace(
+            w, spec=dataclasses.replace(spec, replicas=n, slo_utilization=util)))
+        if n > spec.replicas:
+            extra[w.id] = n - spec.replicas
+    return tuple(out), extra
 
 
 def _avoid_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],

@@ -29,13 +29,16 @@ in this order of precedence:
    this reason per epoch (a disruption budget, as Karpenter's), largest saving first.
 
 The target is one (cluster, pool) option, not among S, feasible for every hard constraint
-(candidates.py's masks) with room for all r replicas in its free capacity under the policy's
-headroom after this epoch's placements and earlier moves (or nodes the pool can still add:
-`Assignment.new_nodes`; never for "better": a node bought to save part of a node's price is
-not a saving); the cheapest such option by c(o) + m(o). Workloads with a spread
-constraint or a weighted split (one target option would undo their per-cluster shares), in
-the pending batch, or without a spec are left alone. Vectorised per rule:
-one candidate build for all workloads any rule selected, no per-(workload, option) loops.
+(candidates.py's masks; with `slo_queueing`, planner.SLO_QUEUEING_POLICIES, the latency mask
+of a service without `slo_utilization` counts the wait of one replica at the load its spec's
+replicas ask for, spread over the r running ones: feasibility.with_slo_utilization) with
+room for all r replicas in its free capacity under the policy's headroom after this epoch's
+placements and earlier moves (or nodes the pool can still add: `Assignment.new_nodes`; never
+for "better": a node bought to save part of a node's price is not a saving); the cheapest
+such option by c(o) + m(o). Workloads with a spread constraint or a weighted split (one
+target option would undo their per-cluster shares), in the pending batch, or without a spec
+are left alone. Vectorised per rule: one candidate build for all workloads any rule
+selected, no per-(workload, option) loops.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from broker.domain import (
 )
 from broker.placement.candidates import CandidateSet, build_candidates
 from broker.placement.decisions import DecisionConfig
+from broker.placement.feasibility import with_slo_utilization
 from broker.placement.kinds import Migration
 from broker.placement.network import RttResolver
 
@@ -124,17 +128,19 @@ def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
 def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: DecisionConfig, *,
                k: int, service_horizon_h: float, site_cost_fraction: float,
                placed: Mapping[Pair, tuple[float, float, int]],
-               reasons: frozenset[str] = REASONS) -> tuple[Migration, ...]:
+               reasons: frozenset[str] = REASONS,
+               slo_queueing: bool = False) -> tuple[Migration, ...]:
     """The moves of this epoch for the rules in `reasons` (see the module docstring)."""
     if not cfg.migrate or not snapshot.running:
         return ()
     asks = _asks(snapshot, reasons)
     if not asks:
         return ()
-    wls = [a.workload if a.workload.spec.replicas == a.placement.placed_replicas
-           else replace(a.workload, spec=replace(a.workload.spec,
-                                                 replicas=a.placement.placed_replicas))
-           for a in asks]
+    wls = [with_slo_utilization(a.workload, a.placement.placed_replicas) if slo_queueing
+           else a.workload for a in asks]
+    wls = [w if w.spec.replicas == a.placement.placed_replicas
+           else replace(w, spec=replace(w.spec, replicas=a.placement.placed_replicas))
+           for w, a in zip(wls, asks, strict=True)]
     cs = build_candidates(snapshot, action, k=k, service_horizon_h=service_horizon_h,
                           workloads=wls, site_cost_fraction=site_cost_fraction)
     if not cs.options:

@@ -43,12 +43,14 @@ from broker.placement.candidates import (
     build_candidates,
 )
 from broker.placement.decisions import DecisionConfig
+from broker.placement.feasibility import size_for_slo
 from broker.placement.kinds import Migration, PoolScale, PoolScaleIn, Prewarm, Retry
 from broker.placement.ledger import Ledger, penalties, tenant_budgets
 
 __all__ = [
     "POLICIES",
     "PREWARM_POLICIES",
+    "SLO_QUEUEING_POLICIES",
     "DecisionConfig",
     "EpochPlan",
     "Migration",
@@ -68,6 +70,10 @@ POLICIES = ("lp", "greedy", "traditional", "karpenter")
 # Policies whose plan orders nodes ahead of forecast demand (SCENARIO.md): every one except
 # those copying systems without it (Kubernetes + Cluster Autoscaler, Karpenter).
 PREWARM_POLICIES = ("lp", "greedy")
+# Policies that plan services for their latency SLO under queueing (feasibility.size_for_slo:
+# RTT + the M/M/c wait, replicas added where the wait needs them). The baselines copy systems
+# that filter on RTT alone (Karmada, Cluster Autoscaler, Karpenter, the seed's greedy).
+SLO_QUEUEING_POLICIES = ("lp",)
 
 
 class PlannerError(ValueError):
@@ -182,6 +188,10 @@ class EpochPlan:
     prewarm: tuple[Prewarm, ...] = ()
     retries: tuple[Retry, ...] = ()
     migrations: tuple[Migration, ...] = ()
+    # Replicas planned beyond those asked, per workload, so that a latency-SLO service serves
+    # inside its SLO under queueing (SLO_QUEUEING_POLICIES; feasibility.size_for_slo). Its
+    # placement holds them; the shells run them as part of the service.
+    slo_extra_replicas: Mapping[str, int] = field(default_factory=dict)
 
 
 def plan_epoch(
@@ -194,8 +204,11 @@ def plan_epoch(
     """Every decision of this epoch (see the module docstring).
 
     Of `snapshot.pending`, only the workloads due (decisions.due: not backing off) are
-    solved; the others are neither placed nor unplaced this epoch. Then, on the same
-    snapshot: retries for what stayed unplaced, prewarms, migrations and scale-ins.
+    solved; the others are neither placed nor unplaced this epoch. For
+    SLO_QUEUEING_POLICIES the batch's latency-SLO services are first sized for their SLO
+    under queueing (feasibility.size_for_slo; the added replicas in `slo_extra_replicas`).
+    Then, on the same snapshot: retries for what stayed unplaced, prewarms, migrations and
+    scale-ins.
     """
     if policy not in POLICIES:
         raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
@@ -206,7 +219,10 @@ def plan_epoch(
     # Pending work backing off this epoch: whole nodes are reserved for its large jobs.
     due_ids = {w.id for w in batch}
     queued = tuple(w for w in snapshot.pending if w.id not in due_ids)
-    if len(batch) != len(snapshot.pending):
+    extra: dict[str, int] = {}
+    if policy in SLO_QUEUEING_POLICIES:
+        batch, extra = size_for_slo(snapshot, batch)
+    if policy in SLO_QUEUEING_POLICIES or len(batch) != len(snapshot.pending):
         snapshot = dataclasses.replace(snapshot, pending=batch)
     if batch:
         cs = candidates(snapshot, action, config, queued=queued)
@@ -215,6 +231,8 @@ def plan_epoch(
     else:
         plan = EpochPlan((), {}, (), SolveStats("optimal", 0.0, 0.0, 0.0, 0.0, 0.0,
                                                 source="empty"))
+    if extra:
+        plan = dataclasses.replace(plan, slo_extra_replicas=extra)
     return with_decisions(plan, snapshot, action, config, policy=policy)
 
 
@@ -251,7 +269,8 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     moves = migrate.migrations(
         snapshot, action, cfg, k=config.k_candidates, service_horizon_h=config.service_horizon_h,
         site_cost_fraction=config.site_cost_fraction, placed=placed,
-        reasons=migrate.REASONS if policy == "lp" else migrate.NODE_LOSS_ONLY)
+        reasons=migrate.REASONS if policy == "lp" else migrate.NODE_LOSS_ONLY,
+        slo_queueing=policy in SLO_QUEUEING_POLICIES)
     growing = set(placed) | {(s.cluster, s.pool) for s in plan.scale if s.add_nodes > 0} | \
         {(p.cluster, p.pool) for p in prewarm if p.nodes > 0} | \
         {(a.cluster, a.pool) for m in moves for a in m.target.assignments}

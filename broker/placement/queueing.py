@@ -55,3 +55,28 @@ def queue_wait_ms(servers: int, offered: float, service_ms: float = SERVICE_TIME
 def offered_load(desired: int) -> float:
     """Offered load (in replicas' worth of work) of a service that asked for `desired`."""
     return max(0, desired) * TARGET_UTILIZATION
+
+
+# The most replicas the planner runs for a service's SLO, as a multiple of those it asked
+# for (feasibility.size_for_slo): per-replica utilisation no lower than
+# TARGET_UTILIZATION / 4 = 12.5 %. An assumption (a cost guard, not measured): past it the
+# service keeps its asked count and the SLO bounds RTT alone, as before sizing existed.
+MAX_SLO_REPLICA_FACTOR = 4
+
+
+def replicas_for_slack(asked: int, slack_ms: float, service_ms: float = SERVICE_TIME_MS,
+                       max_factor: int = MAX_SLO_REPLICA_FACTOR) -> int | None:
+    """Fewest replicas n >= `asked` whose single replica waits at most `slack_ms`.
+
+    The load is what `asked` replicas were sized for (`offered_load(asked)`), spread evenly
+    over n replicas: rho = TARGET_UTILIZATION x asked / n. One replica alone in a cluster is
+    the worst case of any split (M/M/1: W_q = service_ms x rho / (1 - rho); more replicas in
+    the same cluster at the same rho wait less), so n holds whatever the split:
+    rho <= slack / (service_ms + slack). None when `asked` <= 0, the slack is not positive,
+    or n would exceed `max_factor` x asked.
+    """
+    if asked <= 0 or not slack_ms > 0:
+        return None
+    rho_max = slack_ms / (service_ms + slack_ms)
+    n = max(asked, math.ceil(TARGET_UTILIZATION * asked / rho_max - 1e-9))
+    return n if n <= max_factor * asked else None

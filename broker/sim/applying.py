@@ -14,6 +14,8 @@ effect:
   images pulled while idle;
 - placements: each replica goes on one node (bin-packing; a node is added if the plan and
   the twin's per-node packing disagree), then starts once nodes, images and data are there;
+  replicas the plan added for a service's SLO (`slo_extra_replicas`) run with the others
+  (they lower each replica's share of the load the service asked for);
 - image/data prewarm for a workload: its image is cached on that pool from now on;
 - migrations (`Migration`): the target's replicas are started; when they are ready the source
   replicas are drained (never below the workload's replicas while it runs); a move whose
@@ -48,7 +50,8 @@ def apply_plan(eng: Engine, plan: EpochPlan) -> None:
         if c is not None and p is not None and s.add_nodes > 0:
             add_nodes(eng, c, p, s.add_nodes)
     for placement in plan.placements:
-        apply_placement(eng, placement)
+        apply_placement(eng, placement,
+                        extra=plan.slo_extra_replicas.get(placement.workload_id, 0))
     for pw in plan.prewarm:
         prewarm(eng, pw)
     for m in plan.migrations:
@@ -128,10 +131,13 @@ def add_nodes(eng: Engine, c: SimCluster, p: SimPool, count: int, *,
     return added
 
 
-def apply_placement(eng: Engine, placement: Placement) -> None:
+def apply_placement(eng: Engine, placement: Placement, *, extra: int = 0) -> None:
+    """Place the plan's replicas; `extra` (EpochPlan.slo_extra_replicas) more than pending
+    run as part of the service, and those of them not placed now are dropped, not retried."""
     ws = eng.workloads.get(placement.workload_id)
     if ws is None or ws.finished or ws.pending <= 0:
         return
+    ws.pending += max(0, extra)
     for a in placement.assignments:
         c, p = _pool(eng, a.cluster, a.pool)
         if c is None or p is None or not c.healthy(eng.now):
@@ -142,6 +148,7 @@ def apply_placement(eng: Engine, placement: Placement) -> None:
             ws.displaced.clear()  # placed home again
         if ws.pending <= 0:
             break
+    ws.pending = max(0, ws.pending - max(0, extra))
     if ws.pending <= 0:
         eng.pending.pop(ws.ev.id, None)
         ws.tries = 0

@@ -1,0 +1,87 @@
+"""Planning for queueing (issue 12, SLO row): the planner sizes a latency-SLO service so that
+RTT + its M/M/c wait (placement/queueing.py, the twin's model) fits the SLO.
+
+Hand-built twins (tests/unit/test_twin_engine.py's helpers, noise off): the old RTT <= SLO
+filter admits a site the twin then reports as violating; the SLO-aware planner does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.placement import queueing
+from broker.placement.planner import SLO_QUEUEING_POLICIES
+from providers.geo import RTT_FLOOR_MS
+from tests.unit.test_twin_engine import run, scenario
+
+USER = (40.0, -75.0)
+
+
+def _two_sites(far_lat_offset: float = 0.6) -> dict[str, Any]:
+    """A user region; a site at its coordinates (RTT = the 8.48 ms floor) and a cheaper one
+    0.6 degrees away (9.74 ms): both under a 10 ms SLO by RTT alone."""
+    site: dict[str, Any] = {"provider": "edge", "lon": USER[1]}
+    return {
+        "name": "t", "seed": 7, "horizon_s": 1800.0, "epoch_s": 30.0,
+        "defaults": {"provision_delay_s": 100.0, "image_pull_gbps": 1.0, "network_gbps": 8.0},
+        "clusters": [
+            site | {"name": "near", "lat": USER[0],
+                    "capacity": {"cpu": 8, "memory_gib": 32, "price_per_hour": 2.0}},
+            site | {"name": "far", "lat": USER[0] + far_lat_offset,
+                    "capacity": {"cpu": 8, "memory_gib": 32, "price_per_hour": 0.1}},
+        ],
+        "user_regions": [{"name": "u", "lat": USER[0], "lon": USER[1]}],
+        "faults": [],
+    }
+
+
+def test_replicas_for_slack_is_the_fewest_that_fit() -> None:
+    slack = 10.0 - RTT_FLOOR_MS
+    for asked in (1, 2, 4, 43):
+        n = queueing.replicas_for_slack(asked, slack)
+        assert n is not None
+        assert n >= asked
+        load = queueing.offered_load(asked)
+        # One replica alone in a cluster, at its share of the load, waits within the slack
+        # (the worst case of any split); one replica fewer would not.
+        assert queueing.queue_wait_ms(1, load / n) <= slack + 1e-9
+        assert queueing.queue_wait_ms(n, load) <= slack + 1e-9
+        if n > asked:
+            assert queueing.queue_wait_ms(1, load / (n - 1)) > slack
+    # A 15 ms SLO leaves room for the wait at the target load: nothing is added.
+    assert queueing.replicas_for_slack(3, 15.0 - RTT_FLOOR_MS) == 3
+    assert queueing.replicas_for_slack(1, 0.0) is None
+    assert queueing.replicas_for_slack(1, 0.01) is None  # past MAX_SLO_REPLICA_FACTOR
+    assert queueing.replicas_for_slack(0, 5.0) is None
+
+
+@pytest.mark.parametrize("policy", ["greedy", "lp"])
+def test_rtt_under_the_slo_is_not_enough_under_queueing(policy: str) -> None:
+    # One replica, 10 ms SLO: both sites pass RTT <= SLO, but one replica at the target load
+    # waits 5 ms (M/M/1 at rho 0.5), so the twin reports every second of it as violating.
+    # greedy (the seed's RTT filter) keeps that; lp runs 3 replicas (rho 1/6, wait 1 ms) and
+    # only where RTT + 1 ms fits: the near site, not the cheaper far one (9.74 + 1 > 10).
+    m, eng = run(scenario(_two_sites(), "s,0,service,1,1,1,0,,u,10,0,,0\n"), policy=policy)
+    ws = eng.workloads["s"]
+    frac = m["slo_violation_frac"]
+    assert isinstance(frac, float)
+    if policy in SLO_QUEUEING_POLICIES:
+        assert frac == 0.0
+        assert ws.running == 3
+        assert ws.desired == 1
+        assert {g.cluster for g in ws.groups} == {"near"}
+        assert m["unplaced"] == 0
+    else:
+        assert frac > 0.9
+        assert ws.running == 1
+
+
+def test_a_loose_slo_adds_no_replicas_and_keeps_the_cheaper_site() -> None:
+    # 20 ms: RTT + 5 ms fits at both sites, so lp places the asked replica on the cheaper one.
+    m, eng = run(scenario(_two_sites(), "s,0,service,1,1,1,0,,u,20,0,,0\n"), policy="lp")
+    ws = eng.workloads["s"]
+    assert m["slo_violation_frac"] == 0.0
+    assert ws.running == 1
+    assert {g.cluster for g in ws.groups} == {"far"}
