@@ -41,11 +41,13 @@ def _r(v: float) -> float:
 
 
 def breakdown(cs: CandidateSet, w: int, o: int, replicas: int) -> dict[str, float]:
-    parts = {"compute": cs.compute[w, o], "egress": cs.egress[w, o],
-             "latency": cs.latency[w, o], "bias": cs.bias[w, o]}
-    out = {k: _r(v * replicas) for k, v in parts.items()}
-    out["total"] = _r(sum(parts.values()) * replicas)
-    return out
+    # Python floats, not numpy scalars: this runs for every assignment of every epoch,
+    # and numpy scalar arithmetic is ~10x slower (same IEEE results).
+    compute, egress = float(cs.compute[w, o]), float(cs.egress[w, o])
+    latency, bias = float(cs.latency[w, o]), float(cs.bias[w, o])
+    return {"compute": _r(compute * replicas), "egress": _r(egress * replicas),
+            "latency": _r(latency * replicas), "bias": _r(bias * replicas),
+            "total": _r((compute + egress + latency + bias) * replicas)}
 
 
 def why_not(ledger: Ledger, w: int, o: int) -> str:
@@ -124,8 +126,18 @@ def _weighted_reason(ledger: Ledger, w: int) -> str:
         if short else "weighted: every share placed"
 
 
-def binding_index(model: lp.Model | None, relax: lp.Relaxation | None) -> dict[int, list[int]]:
-    """Workload -> LP rows with a non-zero dual that touch its columns (computed once)."""
+# The binding rows a record lists per workload (largest |shadow price| first).
+BINDING_ROWS_SHOWN = 7
+
+
+def binding_index(model: lp.Model | None, relax: lp.Relaxation | None
+                  ) -> dict[int, list[tuple[int, float]]]:
+    """Workload -> (LP row, shadow price) of the rows with a non-zero dual that touch its
+    columns, largest |price| first (ties in row order), at most BINDING_ROWS_SHOWN.
+
+    Computed once per plan: a row's price is rounded once however many workloads share
+    the row (a busy pool's capacity row touches hundreds).
+    """
     if model is None or relax is None or model.n_x == 0:
         return {}
     a = model.a
@@ -139,24 +151,26 @@ def binding_index(model: lp.Model | None, relax: lp.Relaxation | None) -> dict[i
     keep = binding[rows]
     if not keep.any():
         return {}
-    pairs = np.unique(np.stack([model.x_w[cols[keep]], rows[keep]], axis=1), axis=0)
-    out: dict[int, list[int]] = {}
-    for w, r in pairs.tolist():
-        out.setdefault(int(w), []).append(int(r))
-    return out
+    # (workload, row) pairs as one int64 key: a 1-D unique, sorted by workload then row.
+    n_rows = np.int64(a.shape[0])
+    keys = np.unique(model.x_w[cols[keep]].astype(np.int64) * n_rows + rows[keep])
+    ws, rs = keys // n_rows, keys % n_rows
+    price = {r: _r(-float(duals[r])) for r in np.unique(rs).tolist()}
+    cuts = (np.flatnonzero(np.diff(ws)) + 1).tolist()
+    firsts = ws[[0, *cuts]].tolist()
+    return {w: sorted(((r, price[r]) for r in chunk.tolist()),
+                      key=lambda t: -abs(t[1]))[:BINDING_ROWS_SHOWN]
+            for w, chunk in zip(firsts, np.split(rs, cuts), strict=True)}
 
 
 def _binding(model: lp.Model | None, relax: lp.Relaxation | None, w: int,
-             index: dict[int, list[int]]) -> list[dict[str, Any]]:
+             index: dict[int, list[tuple[int, float]]]) -> list[dict[str, Any]]:
     if model is None or relax is None or model.n_x == 0:
         return []
     out: list[dict[str, Any]] = []
-    for r in index.get(w, ()):
+    for r, price in index.get(w, ()):
         family, key = model.row_names[r]
-        out.append({"family": family, "row": key,
-                    "shadow_price_usd": _r(-float(relax.row_dual[r]))})
-    out.sort(key=lambda d: -abs(_num(d.get("shadow_price_usd", 0.0))))
-    out = out[:7]
+        out.append({"family": family, "row": key, "shadow_price_usd": price})
     dem = float(relax.row_dual[w]) if w < relax.row_dual.size else 0.0
     out.append({"family": "demand", "row": model.row_names[w][1],
                 "marginal_replica_usd": _r(dem)})
@@ -166,20 +180,21 @@ def _binding(model: lp.Model | None, relax: lp.Relaxation | None, w: int,
 def decision(ledger: Ledger, w: int, pen: FloatArray, stats: SolveStats,
              model: lp.Model | None, relax: lp.Relaxation | None,
              policy: str, reason: str | None,
-             index: dict[int, list[int]] | None = None) -> dict[str, Any]:
+             index: dict[int, list[tuple[int, float]]] | None = None) -> dict[str, Any]:
     cs = ledger.cs
     wl = cs.workloads[w]
+    costs = {o: breakdown(cs, w, o, m) for o, m in ledger.x[w].items()}
     chosen = []
     for o, m in sorted(ledger.x[w].items()):
         opt = cs.options[o]
-        rtt = cs.rtt_ms[w, o]
+        rtt = float(cs.rtt_ms[w, o])
         chosen.append({"option": opt.key, "cluster": opt.cluster.name, "pool": opt.pool.name,
                        "pricing": str(opt.pricing), "replicas": m,
-                       "usd_per_hour": _r(cs.usd_per_hour[w, o] * m),
+                       "usd_per_hour": _r(float(cs.usd_per_hour[w, o]) * m),
                        "rtt_ms": None if math.isnan(rtt) else _r(rtt),
-                       "cost_usd": breakdown(cs, w, o, m)})
+                       "cost_usd": costs[o]})
     placed = ledger.placed(w)
-    total = sum(breakdown(cs, w, o, m)["total"] for o, m in ledger.x[w].items())
+    total = sum(c["total"] for c in costs.values())
     runner = None
     for o in cs.cand[w]:
         o = int(o)
