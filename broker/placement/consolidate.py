@@ -135,29 +135,50 @@ def restartable(w: Workload | None) -> bool:
     return w is not None and w.spec.kind is not WorkloadKind.SERVICE and w.spec.spot_ok
 
 
-def _worth_draining(n: NodeState, p: Pool, snapshot: FederationSnapshot) -> bool:
-    """The `lp` rule's conditions (1) and (2) for one node (module docstring)."""
-    if not n.workloads:
-        return False
-    specs = [snapshot.workloads.get(w) for w in n.workloads]
-    if not all(restartable(w) for w in specs):
-        return False
-    left_h = max(((w.submitted_s + (w.spec.duration_s or 0.0) - snapshot.now_s) / 3600.0
-                  for w in specs if w is not None), default=0.0)
-    saving = p.price_usd_per_hour * min(SAVING_HORIZON_H, max(0.0, left_h))
-    rate = {pl.workload_id: pl.cost_usd_per_hour for pl in snapshot.running}
-    restart = sum(rate.get(w, 0.0) for w in n.workloads) * RESTART_LOST_S / 3600.0
-    return saving > restart + 1e-9
+class _LpRule:
+    """What the `lp` rule reads from the snapshot, computed once per epoch (not per node):
+    the ids of restartable workloads and each running workload's run rate."""
+
+    def __init__(self, snapshot: FederationSnapshot) -> None:
+        self.snapshot = snapshot
+        self.movable = frozenset(wid for wid, w in snapshot.workloads.items()
+                                 if restartable(w))
+        self._rate: dict[str, float] | None = None
+
+    def rate(self) -> Mapping[str, float]:
+        if self._rate is None:
+            self._rate = {pl.workload_id: pl.cost_usd_per_hour
+                          for pl in self.snapshot.running}
+        return self._rate
+
+    def worth_draining(self, n: NodeState, p: Pool) -> bool:
+        """The `lp` rule's conditions (1) and (2) for one node (module docstring)."""
+        if not n.workloads or not self.movable.issuperset(n.workloads):
+            return False  # (1): cheap, and what rules out almost every node
+        snapshot = self.snapshot
+        specs = [snapshot.workloads[w] for w in n.workloads]
+        left_h = max(((w.submitted_s + (w.spec.duration_s or 0.0) - snapshot.now_s) / 3600.0
+                      for w in specs), default=0.0)
+        saving = p.price_usd_per_hour * min(SAVING_HORIZON_H, max(0.0, left_h))
+        rate = self.rate()
+        restart = sum(rate.get(w, 0.0) for w in n.workloads) * RESTART_LOST_S / 3600.0
+        return saving > restart + 1e-9
 
 
-def _lp_nodes(p: Pool, snapshot: FederationSnapshot, max_nodes: int,
+def _lp_nodes(p: Pool, rule: _LpRule, max_nodes: int,
               threshold: float = CA_UTILIZATION_THRESHOLD) -> tuple[str, ...]:
-    """Nodes of one pool the `lp` rule drains (module docstring), under `threshold` use."""
+    """Nodes of one pool the `lp` rule drains (module docstring), under `threshold` use.
+
+    The restartable test goes first: it is a set lookup and rules out the nodes that run
+    services (nearly all), so the pool's usable nodes are listed only when one qualifies.
+    """
     if threshold <= 0:
         return ()
+    cands = [n for n in p.node_states if rule.worth_draining(n, p) and _usable(n)
+             and _busy(n, p) and utilization(n, p) < threshold]
+    if not cands:
+        return ()
     usable = [n for n in p.node_states if _usable(n)]
-    cands = [n for n in usable if _busy(n, p) and utilization(n, p) < threshold
-             and _worth_draining(n, p, snapshot)]
     cands.sort(key=lambda n: (utilization(n, p), n.name))
     chosen: list[NodeState] = []
     for n in cands:
@@ -180,6 +201,7 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
     if policy not in ("karpenter", "traditional", "lp"):
         return ()
     fraction = (budget or {}).get("karpenter", KARPENTER_BUDGET_FRACTION)
+    rule = _LpRule(snapshot) if policy == "lp" else None
     out = []
     for c in snapshot.clusters:
         if c.is_edge or not c.healthy:
@@ -188,9 +210,9 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
         for p in c.pools:
             if p.pricing is PricingModel.EDGE or (c.name, p.name) in skip or not p.node_states:
                 continue
-            if policy == "lp":
-                names = _lp_nodes(p, snapshot, math.ceil(KARPENTER_BUDGET_FRACTION
-                                                         * len(p.node_states)),
+            if rule is not None:
+                names = _lp_nodes(p, rule, math.ceil(KARPENTER_BUDGET_FRACTION
+                                                     * len(p.node_states)),
                                   (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD))
             elif policy == "karpenter":
                 limit = math.ceil(fraction * len(p.node_states))
