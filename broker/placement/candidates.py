@@ -122,6 +122,33 @@ class Option:
         return self.pool.pricing
 
 
+@dataclass(frozen=True, slots=True)
+class OptionTable:
+    """What the solvers read about every option's pool, read once per candidate build.
+
+    `node`: O x 3 allocatable per node (cpu, memory_gib, gpu); `free`: O x 3 free now
+    (`Pool.free`, not clipped: it is negative on an over-committed pool); `can_add`: O,
+    nodes the pool may still add; `quota`: cluster name -> `quota_headrooms`. The arrays are
+    read-only, so one table is shared by every Ledger and model built on the set.
+    """
+
+    node: FloatArray
+    free: FloatArray
+    can_add: IntArray
+    quota: Mapping[str, tuple[float | None, float | None]]
+
+
+def option_table(options: Sequence[Option]) -> OptionTable:
+    node = np.array([[o.pool.node.cpu, o.pool.node.memory_gib, o.pool.node.gpu]
+                     for o in options], dtype=np.float64).reshape(-1, 3)
+    free = np.array([[f.cpu, f.memory_gib, float(f.gpu)] for f in (o.pool.free for o in options)],
+                    dtype=np.float64).reshape(-1, 3)
+    can_add = np.array([o.pool.can_add_nodes for o in options], dtype=np.int64)
+    for a in (node, free, can_add):
+        a.flags.writeable = False
+    return OptionTable(node, free, can_add, MappingProxyType(quota_headrooms(options)))
+
+
 _NO_SETS: Mapping[tuple[int, GpuClass], tuple[int, int]] = MappingProxyType({})
 
 
@@ -145,6 +172,9 @@ class CandidateSet:
     cand: tuple[IntArray, ...]  # per workload: option indices, cheapest first
     infeasible_counts: tuple[Mapping[str, int], ...]  # per workload: family -> options ruled out
     domain: tuple[tuple[str, ...], ...]  # per workload: spread domain key of every option
+    # Per option, read once from its pool (`option_table`): what every solver and Ledger
+    # reads many times per epoch. Read-only arrays.
+    table: OptionTable
     visible: BoolArray | None = None  # W x O: the tenant may use the cluster (None: all)
     # The packing model (module docstring): USD per new node of each option (O), and the
     # apportioned compute the marginal `compute` was scaled from. None: per-replica model.
@@ -174,9 +204,12 @@ class CandidateSet:
         return np.array([self.headroom, self.headroom, 1.0])
 
     def option_node(self) -> FloatArray:
-        """O x 3 allocatable per node."""
-        return np.array([[o.pool.node.cpu, o.pool.node.memory_gib, o.pool.node.gpu]
-                         for o in self.options], dtype=np.float64).reshape(-1, 3)
+        """O x 3 allocatable per node (read-only)."""
+        return self.table.node
+
+    def quota_left(self, cluster: str) -> tuple[float | None, float | None]:
+        """The cluster's vCPU and GPU quota headroom for new nodes (`quota_headrooms`)."""
+        return self.table.quota[cluster]
 
 
 def expected_hours(workload: Workload, service_horizon_h: float) -> float:
@@ -238,8 +271,8 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     demand = np.array([[w.spec.resources.cpu, w.spec.resources.memory_gib,
                         w.spec.resources.gpu] for w in wls], dtype=np.float64).reshape(-1, 3)
     replicas = np.array([max(0, w.spec.replicas) for w in wls], dtype=np.int64)
-    node = np.array([[o.pool.node.cpu, o.pool.node.memory_gib, o.pool.node.gpu]
-                     for o in options], dtype=np.float64).reshape(-1, 3)
+    table = option_table(options)
+    node = table.node
     masks = family_masks(snapshot, wls, options, demand, node)
     visible = tenancy_mask(wls, options)
     feasible = visible.copy()
@@ -269,13 +302,13 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
         tuple(() for _ in wls)
-    cand = _prune(wls, _prune_key(cost, demand, options, usdh, node_usd), k, domains,
-                  targets, options)
+    cand = _prune(wls, _prune_key(cost, demand, options, table.free, usdh, node_usd), k,
+                  domains, targets, options)
     return CandidateSet(
         workloads=wls, options=options, headroom=min(max(action.headroom, 0.0), 1.0),
         demand=demand, replicas=replicas, feasible=feasible, cost=cost, compute=compute,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
-        cand=cand, infeasible_counts=counts, domain=domains, visible=visible,
+        cand=cand, infeasible_counts=counts, domain=domains, table=table, visible=visible,
         targets=targets, node_usd=node_usd, list_compute=list_compute,
         gpu_sets=gpu_set_table(wls, options, feasible, queued, action.reserve_nodes))
 
@@ -325,7 +358,7 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
 
 
 def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
-               usdh: FloatArray, node_usd: FloatArray | None) -> FloatArray:
+               free: FloatArray, usdh: FloatArray, node_usd: FloatArray | None) -> FloatArray:
     """Cost to rank candidates by: with packing, plus the replica's share of a new node's
     charge where the pool's free room cannot take one replica (it would open a node).
 
@@ -334,8 +367,6 @@ def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
     """
     if node_usd is None or not len(options):
         return cost
-    free = np.array([[o.pool.free.cpu, o.pool.free.memory_gib, float(o.pool.free.gpu)]
-                     for o in options], dtype=np.float64)
     price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
     hours = np.divide(node_usd, price, out=np.zeros_like(node_usd), where=price > 0)
     fits_free = np.ones(cost.shape, dtype=bool)
@@ -450,21 +481,25 @@ def _best_per_domain(cost_row: FloatArray, domains: Sequence[str], n: int) -> In
     return np.array(sorted(best.values()), dtype=np.int64)
 
 
-def quota_headroom(cluster: Cluster, options: Sequence[Option]) -> tuple[float | None,
-                                                                          float | None]:
-    """vCPUs and GPUs the cluster's new nodes may still take under its provider quota.
+def quota_headrooms(options: Sequence[Option]) -> dict[str, tuple[float | None, float | None]]:
+    """vCPUs and GPUs each cluster's new nodes may still take under its provider quota.
 
     Quotas count provisioned nodes, so what is left is the quota minus what
     the cluster's pools have now. The quota is taken as given: the snapshot merge
     (placement/snapshot.py) already took what others use and, for a stale one, the
-    safety margin off. None = no quota known.
+    safety margin off. None = no quota known. One pass over the options.
     """
-    pools = [o.pool for o in options if o.cluster.name == cluster.name]
-    out: list[float | None] = []
-    for quota, dim in ((cluster.quota_vcpu, 0), (cluster.quota_gpu, 2)):
-        if quota is None:
-            out.append(None)
-            continue
-        have = sum((p.node.cpu if dim == 0 else p.node.gpu) * p.nodes for p in pools)
-        out.append(max(0.0, quota - have))
-    return out[0], out[1]
+    have: dict[str, list[float]] = {}
+    clusters: dict[str, Cluster] = {}
+    for o in options:
+        c, p = o.cluster, o.pool
+        clusters.setdefault(c.name, c)
+        h = have.setdefault(c.name, [0.0, 0.0])
+        h[0] += p.node.cpu * p.nodes
+        h[1] += p.node.gpu * p.nodes
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for name, c in clusters.items():
+        q_cpu, q_gpu = c.quota_vcpu, c.quota_gpu
+        out[name] = (None if q_cpu is None else max(0.0, q_cpu - have[name][0]),
+                     None if q_gpu is None else max(0.0, q_gpu - have[name][1]))
+    return out

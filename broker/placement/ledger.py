@@ -6,7 +6,7 @@ Every policy (LP repair, greedy, traditional) places replicas through a
 - capacity per pool and resource: usage <= headroom x (free + new_nodes x node),
   new_nodes <= can_add_nodes (free clipped at 0);
 - provider quota per cluster: vCPUs / GPUs of new nodes <= quota headroom
-  (`candidates.quota_headroom`, a stale quota counts at a fraction);
+  (`candidates.quota_headrooms`, a stale quota counts at a fraction);
 - tenant and per-workload budgets in USD/h;
 - spread: at most `max_domains` domains;
 - anti-affinity between workloads of the batch (`avoid_workloads`);
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from broker.domain import FederationSnapshot, Workload
-from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quota_headroom
+from broker.placement.candidates import CandidateSet, FloatArray, IntArray
 from broker.placement.feasibility import gpu_class
 
 _EPS = 1e-7
@@ -101,26 +101,22 @@ class Ledger:
     def __init__(self, cs: CandidateSet, snapshot: FederationSnapshot) -> None:
         self.cs = cs
         n_o = len(cs.options)
-        self.node = cs.option_node()
-        self.free = np.array([[max(0.0, o.pool.free.cpu), max(0.0, o.pool.free.memory_gib),
-                               max(0.0, float(o.pool.free.gpu))] for o in cs.options],
-                             dtype=np.float64).reshape(-1, 3)
-        self.can_add = np.array([o.pool.can_add_nodes for o in cs.options], dtype=np.int64)
+        # The option table's read-only arrays are shared; only what changes is copied.
+        self.node = cs.table.node
+        self.free = np.maximum(cs.table.free, 0.0)
+        self.can_add = cs.table.can_add
         self.usage = np.zeros((n_o, 3))
         self.new_nodes = np.zeros(n_o, dtype=np.int64)
         self.h = cs.headroom_vec()
         self.cluster_of = [o.cluster.name for o in cs.options]
-        self.quota_left: dict[str, list[float | None]] = {}
-        for c in {o.cluster.name: o.cluster for o in cs.options}.values():
-            q_cpu, q_gpu = quota_headroom(c, cs.options)
-            self.quota_left[c.name] = [q_cpu, q_gpu]
+        self.quota_left: dict[str, list[float | None]] = {
+            name: list(left) for name, left in cs.table.quota.items()}
         names = sorted(self.quota_left)
         self._cidx = {n: k for k, n in enumerate(names)}
         self._opt_c = np.array([self._cidx[c] for c in self.cluster_of], dtype=np.int64)
         # quota_left as arrays (inf = no quota), kept in step by _sync_quota
-        self._q = np.full((len(names), 2), np.inf)
-        for n in names:
-            self._sync_quota(n)
+        self._q = np.array([[np.inf if v is None else float(v) for v in self.quota_left[n]]
+                            for n in names], dtype=np.float64).reshape(-1, 2)
         self.tenant_left: dict[str, float] = tenant_budgets(snapshot)
         self.spend_w = np.zeros(len(cs.workloads))
         self.x: list[dict[int, int]] = [{} for _ in cs.workloads]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from broker.placement.candidates import CandidateSet, FloatArray, IntArray, quota_headroom
+from broker.placement.candidates import CandidateSet, FloatArray, IntArray
 from broker.placement.feasibility import gpu_class
 from broker.placement.ledger import conflicts
 
@@ -50,14 +50,11 @@ def node_bounds(cs: CandidateSet, used_opts: IntArray) -> FloatArray:
     the relaxation from buying a fraction of a node the quota cannot fit whole."""
     node = cs.option_node()
     out = np.zeros(used_opts.size)
-    quotas: dict[str, tuple[float | None, float | None]] = {}
     for k, o in enumerate(used_opts):
         opt = cs.options[int(o)]
-        cname = opt.cluster.name
-        if cname not in quotas:
-            quotas[cname] = quota_headroom(opt.cluster, cs.options)
+        quota = cs.quota_left(opt.cluster.name)
         bound = float(opt.pool.can_add_nodes)
-        for left, dim in ((quotas[cname][0], 0), (quotas[cname][1], 2)):
+        for left, dim in ((quota[0], 0), (quota[1], 2)):
             if left is not None and node[int(o), dim] > 0:
                 bound = min(bound, math.floor(left / node[int(o), dim] + 1e-9))
         out[k] = max(0.0, bound)
@@ -138,7 +135,7 @@ def quota_rows(cs: CandidateSet, rows: Rows, used_opts: IntArray,
         by_cluster.setdefault(cs.options[int(o)].cluster.name, []).append(int(o))
     for opts in by_cluster.values():
         cluster = cs.options[opts[0]].cluster
-        q_cpu, q_gpu = quota_headroom(cluster, cs.options)
+        q_cpu, q_gpu = cs.quota_left(cluster.name)
         for left, dim, unit in ((q_cpu, 0, "vcpu"), (q_gpu, 2, "gpu")):
             if left is None:
                 continue
