@@ -257,12 +257,14 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      site_cost_fraction: float = 1.0, packing: bool = False,
                      paid_cost_fraction: float = PAID_NODE_COST_FRACTION,
                      node_boot_s: float = NODE_BOOT_S,
-                     queued: Sequence[Workload] = ()) -> CandidateSet:
+                     queued: Sequence[Workload] = (), columns: bool = True) -> CandidateSet:
     """Feasibility, cost and the k best options of every pending workload.
 
     `packing` selects the fixed-charge model (module docstring): marginal per-replica
     compute on paid nodes plus `node_usd` per new node; otherwise the per-replica model.
     `queued`: pending workloads not in this batch, for feasibility.py's reservation rule.
+    `columns=False`: feasibility and cost only, for a caller that reads no LP columns
+    (migrate.py): `cand` is empty per workload and `gpu_sets` has no rows.
     """
     wls = tuple(snapshot.pending if workloads is None else workloads)
     options = build_options(snapshot)
@@ -282,9 +284,12 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         if n_w else np.zeros((0, len(FAMILIES)), dtype=np.int64)
     targets, in_share = weighted_targets(wls, [o.cluster for o in options], feasible)
     no_share = (feasible & ~in_share).sum(axis=1)
-    counts = tuple({FAMILIES[j]: int(row[j]) for j in np.flatnonzero(row)}
-                   | ({"weighted": int(no_share[i])} if no_share[i] else {})
-                   for i, row in enumerate(ruled_out))
+    per_w: list[dict[str, int]] = [{} for _ in wls]
+    for i, j in zip(*np.nonzero(ruled_out), strict=True):  # row by row, families in order
+        per_w[i][FAMILIES[j]] = int(ruled_out[i, j])
+    for i in np.flatnonzero(no_share):
+        per_w[i]["weighted"] = int(no_share[i])
+    counts = tuple(per_w)
     feasible &= in_share
     parts = _costs(snapshot, action, wls, options, clusters, demand, node,
                    service_horizon_h, site_cost_fraction)
@@ -303,14 +308,16 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
         tuple(() for _ in wls)
     cand = _prune(wls, _prune_key(cost, demand, options, table.free, usdh, node_usd), k,
-                  domains, targets, options)
+                  domains, targets, options) if columns else \
+        tuple(np.zeros(0, dtype=np.int64) for _ in wls)
     return CandidateSet(
         workloads=wls, options=options, headroom=min(max(action.headroom, 0.0), 1.0),
         demand=demand, replicas=replicas, feasible=feasible, cost=cost, compute=compute,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
         cand=cand, infeasible_counts=counts, domain=domains, table=table, visible=visible,
         targets=targets, node_usd=node_usd, list_compute=list_compute,
-        gpu_sets=gpu_set_table(wls, options, feasible, queued, action.reserve_nodes))
+        gpu_sets=gpu_set_table(wls, options, feasible, queued, action.reserve_nodes)
+        if columns else _NO_SETS)
 
 
 def gpu_set_table(wls: Sequence[Workload], options: Sequence[Option], feasible: BoolArray,

@@ -275,6 +275,7 @@ def _latency_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
     """
     resolver = RttResolver(snapshot)
     mask = np.ones((len(wls), len(options)), dtype=bool)
+    rtt_rows: dict[str, FloatArray] = {}  # user region -> RTT per option, nan = unknown
     rows: dict[tuple[str, float, float | None], BoolArray] = {}
     for i, w in enumerate(wls):
         spec = w.spec
@@ -284,11 +285,13 @@ def _latency_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
         if key not in rows:
             wait = 0.0 if spec.slo_utilization is None else \
                 queueing.queue_wait_ms(1, spec.slo_utilization)
-            ok = np.zeros(len(options), dtype=bool)
-            for j, o in enumerate(options):
-                rtt = resolver.rtt_ms(spec.user_region, o.cluster)
-                ok[j] = rtt is not None and rtt + wait <= spec.latency_slo_ms + 1e-9
-            rows[key] = ok
+            rtt = rtt_rows.get(spec.user_region)
+            if rtt is None:
+                rtt = np.array([np.nan if v is None else v for v in (
+                    resolver.rtt_ms(spec.user_region, o.cluster) for o in options)],
+                    dtype=np.float64)
+                rtt_rows[spec.user_region] = rtt
+            rows[key] = rtt + wait <= spec.latency_slo_ms + 1e-9  # nan (unknown): False
         mask[i] = rows[key]
     return mask
 

@@ -97,6 +97,7 @@ def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
     pending = {w.id for w in snapshot.pending}
     leaving = leaving_workloads(snapshot)
     healthy = {c.name for c in snapshot.clusters if c.healthy}
+    by_name = {c.name: c for c in snapshot.clusters}
     resolver: RttResolver | None = None
     out: list[_Ask] = []
     for p in snapshot.running:
@@ -113,7 +114,7 @@ def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
         slo, region = w.spec.latency_slo_ms, w.spec.user_region
         if slo is not None and region is not None:
             resolver = resolver or RttResolver(snapshot)
-            rtts = [resolver.rtt_ms(region, c) for c in snapshot.clusters if c.name in here]
+            rtts = [resolver.rtt_ms(region, by_name[c]) for c in here if c in by_name]
             if any(r is not None and r > slo for r in rtts):
                 out.append(_Ask(p, w, "slo"))
                 continue
@@ -142,7 +143,7 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
            else replace(w, spec=replace(w.spec, replicas=a.placement.placed_replicas))
            for w, a in zip(wls, asks, strict=True)]
     cs = build_candidates(snapshot, action, k=k, service_horizon_h=service_horizon_h,
-                          workloads=wls, site_cost_fraction=site_cost_fraction)
+                          workloads=wls, site_cost_fraction=site_cost_fraction, columns=False)
     if not cs.options:
         return ()
     room = _Room(cs, placed)
