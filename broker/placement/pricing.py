@@ -24,10 +24,13 @@ import time
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from broker.placement import lp
-from broker.placement.candidates import CandidateSet, FloatArray, IntArray
+from broker.placement.candidates import CandidateSet, FloatArray
 from broker.placement.feasibility import gpu_class
+
+Int32Array = npt.NDArray[np.int32]  # what highspy's addCols takes for starts and indices
 
 
 @dataclasses.dataclass(slots=True)
@@ -56,36 +59,45 @@ def _new_pairs(cs: CandidateSet, rc: FloatArray, in_model: set[tuple[int, int]],
 
 
 def _columns(cs: CandidateSet, model: lp.Model, pairs: list[tuple[int, int]]
-             ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray, IntArray, FloatArray]:
-    """cost, lower, upper, CSC starts, row indices, values of the new x columns."""
-    cost, lower, upper = [], [], []
-    starts, idx, val = [0], [], []
-    for w, o in pairs:
-        rows = [w]
-        vals = [1.0]
-        for r in range(3):
-            d = float(cs.demand[w, r])
-            if d > 0 and (o, r) in model.cap_rows:
-                rows.append(model.cap_rows[(o, r)])
-                vals.append(d)
-        cls = gpu_class(cs.workloads[w])
+             ) -> tuple[FloatArray, FloatArray, FloatArray, Int32Array, Int32Array, FloatArray]:
+    """cost, lower, upper, CSC starts, row indices, values of the new x columns.
+
+    Each column holds, in this order: its demand row (1), its option's capacity rows
+    (the per-replica demand, where it is > 0), its gpu-sets row (1) and its tenant's
+    budget row (USD/h); built as one (pairs x 6) table, missing entries dropped.
+    """
+    n = len(pairs)
+    ws = np.fromiter((w for w, _ in pairs), dtype=np.int64, count=n)
+    opts = np.fromiter((o for _, o in pairs), dtype=np.int64, count=n)
+    cap_row = np.full((len(cs.options), 3), -1, dtype=np.int64)
+    for (o, r), row in model.cap_rows.items():
+        cap_row[o, r] = row
+    rows = np.full((n, 6), -1, dtype=np.int64)
+    vals = np.zeros((n, 6))
+    rows[:, 0] = ws
+    vals[:, 0] = 1.0
+    demand = cs.demand[ws]
+    rows[:, 1:4] = np.where(demand > 0, cap_row[opts], -1)
+    vals[:, 1:4] = demand
+    cls_of: dict[int, tuple[int, bool] | None] = {}
+    for k, (w, o) in enumerate(pairs):
+        if w not in cls_of:
+            cls_of[w] = gpu_class(cs.workloads[w])
+        cls = cls_of[w]
         s_row = model.set_rows.get((o, cls)) if cls is not None else None
         if s_row is not None:
-            rows.append(s_row)
-            vals.append(1.0)
+            rows[k, 4] = s_row
+            vals[k, 4] = 1.0
         t_row = model.budget_rows.get(cs.workloads[w].tenant)
         if t_row is not None:
-            rows.append(t_row)
-            vals.append(float(cs.usd_per_hour[w, o]))
-        cost.append(float(cs.cost[w, o]))
-        lower.append(0.0)
-        upper.append(np.inf)
-        idx.extend(rows)
-        val.extend(vals)
-        starts.append(len(idx))
-    return (np.array(cost), np.array(lower), np.array(upper),
-            np.array(starts[:-1], dtype=np.int32), np.array(idx, dtype=np.int32),
-            np.array(val))
+            rows[k, 5] = t_row
+            vals[k, 5] = float(cs.usd_per_hour[w, o])
+    keep = rows >= 0
+    counts = keep.sum(axis=1)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int32)
+    cost: FloatArray = cs.cost[ws, opts].astype(np.float64)
+    idx: Int32Array = rows[keep].astype(np.int32)
+    return cost, np.zeros(n), np.full(n, np.inf), starts, idx, vals[keep]
 
 
 def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model: lp.Model,
@@ -150,11 +162,19 @@ def _rebuild(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
     grown = dataclasses.replace(cs, cand=tuple(cand))
     clean = lp.build(grown, pen, budgets)
     old = relax.x
-    col_of = {(w, o): (k if k < model.n_x else model.y_start + model.n_y + (k - model.n_x))
-              for k, (w, o) in enumerate(zip(x_w, x_o, strict=True))}
+    # Column of each (w, o) in the incremental model: the first n_x as built, the added
+    # ones after the y columns. Matched by the key w * |O| + o (every clean pair is there).
+    n_o = np.int64(len(cs.options))
+    key_old = np.asarray(x_w, dtype=np.int64) * n_o + np.asarray(x_o, dtype=np.int64)
+    col_old = np.arange(key_old.size, dtype=np.int64)
+    col_old[model.n_x:] += model.y_start + model.n_y - model.n_x
+    order = np.argsort(key_old, kind="stable")
+    key_new = clean.x_w * n_o + clean.x_o
+    pos = np.minimum(np.searchsorted(key_old[order], key_new), key_old.size - 1)
+    if not np.array_equal(key_old[order[pos]], key_new):
+        raise lp.SolverError("pricing: a column of the grown model is not in the solved one")
     x = np.zeros(clean.cost.size)
-    for k, (w, o) in enumerate(zip(clean.x_w.tolist(), clean.x_o.tolist(), strict=True)):
-        x[k] = old[col_of[(w, o)]]
+    x[:clean.n_x] = old[col_old[order[pos]]]
     x[clean.u_start:] = old[model.u_start:model.y_start + model.n_y]
     mapped = lp.Relaxation(status=relax.status, objective=relax.objective, x=x,
                            row_dual=relax.row_dual, solve_s=relax.solve_s)

@@ -75,11 +75,11 @@ def to_columns(ledger: Ledger, model: Model) -> FloatArray:
     """The ledger's solution as a full column vector (MIP warm start)."""
     cs = ledger.cs
     col = np.zeros(model.cost.size)
-    index = {(int(w), int(o)): k for k, (w, o) in enumerate(zip(model.x_w, model.x_o,
-                                                                strict=True))}
+    n_o = len(cs.options)
+    index = dict(zip((model.x_w * n_o + model.x_o).tolist(), range(model.n_x), strict=True))
     for w, xi in enumerate(ledger.x):
         for o, m in xi.items():
-            k = index.get((w, o))
+            k = index.get(w * n_o + o)
             if k is not None:
                 col[k] = m
         col[model.u_start + w] = cs.replicas[w] - ledger.placed(w)
