@@ -129,14 +129,23 @@ def improve(ledger: Ledger, pen: FloatArray, *, budget_s: float, per_option: int
     for w, xw in enumerate(ledger.x):
         for o in xw:
             on_opt.setdefault(o, set()).add(w)
-    order_all = np.argsort(np.where(cs.feasible, cs.cost, np.inf), axis=1, kind="stable")
+    rows: dict[int, IntArray] = {}
+
+    def by_cost(w: int) -> IntArray:
+        """w's options cheapest first (infeasible last), sorted on first use: a move touches
+        few workloads, and sorting every row (W x O) took 0.15 s at 5000x500 and 320 MB
+        at 20000x2000."""
+        if w not in rows:
+            rows[w] = np.argsort(np.where(cs.feasible[w], cs.cost[w], np.inf), kind="stable")
+        return rows[w]
+
     todo = [w for w in np.argsort(-pen, kind="stable").tolist()
             if ledger.placed(w) < cs.replicas[w] and cs.feasible[w].any()]
     kept = 0
     tries = 0
     cap = math.inf if max_tries is None else max_tries
     for w in todo:
-        row = order_all[w]
+        row = by_cost(w)
         opts = [int(o) for o in row[:options_per_workload] if np.isfinite(cs.cost[w, o])]
         for o in opts:
             if time.perf_counter() - t0 > budget_s or ledger.placed(w) >= cs.replicas[w] \
@@ -151,7 +160,7 @@ def improve(ledger: Ledger, pen: FloatArray, *, budget_s: float, per_option: int
                 before = _local_objective(ledger, pen, (w, v))
                 ledger.remove(v)
                 ledger.fill(w, row[np.isfinite(cs.cost[w, row])])
-                v_row = order_all[v]
+                v_row = by_cost(v)
                 ledger.fill(v, v_row[np.isfinite(cs.cost[v, v_row])])
                 after = _local_objective(ledger, pen, (w, v))
                 if after < before - 1e-6 and ledger.spread_ok(w) and ledger.spread_ok(v):
