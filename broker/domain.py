@@ -441,7 +441,8 @@ class PolicyAction:
     scales usable pool capacity (0 < headroom <= 1; the allocation ratio).
     `prewarm_lead_s` is how far ahead of forecast demand nodes are ordered.
     Per cluster, applied to each of its pools (missing cluster: the fixed rule):
-    `idle_timeout_s` replaces DecisionConfig.scale_in_idle_s (how long a node stays
+    `idle_timeout_s` replaces the default timer (DecisionConfig: forecast_idle_s for the
+    policies with a forecast, else scale_in_idle_s; how long a node stays
     empty before it is removed); `warm_nodes` is how many empty ready nodes a pool
     keeps instead of scaling them in (its warm pool); `spot_bias_usd_per_hour` is
     added to the per-replica objective of the cluster's spot options only (positive =

@@ -21,7 +21,15 @@ this epoch; never more nodes than the pool's free capacity after this epoch's pl
 holds (aggregate CPU and memory), never a booting or leaving node, never on fixed sites.
 The policy may set the timer per cluster (`PolicyAction.idle_timeout_s`, else
 `scale_in_idle_s`) and a warm pool (`PolicyAction.warm_nodes`): that many empty ready nodes
-of each of the cluster's pools are kept (the longest idle go first).
+of each of the cluster's pools are kept (the longest idle go first). Look-ahead (policies
+with prewarm, `forecast=True`): scale-in never takes a pool below what the prewarm rule
+below would order back over the same lead L, i.e. it removes at most the largest k with
+floor((used + rate * L - (nodes - k) * unit) / unit + 1/2) <= 0: a node the forecast says
+is needed within the lead is kept instead of being removed now and bought (and booted,
+and paid while booting) again. Those policies' default timer is then `forecast_idle_s`
+(the ski-rental break-even: keep an idle node as long as buying it again costs, its boot
+time) instead of Cluster Autoscaler's 10 minutes: the nodes the forecast needs are kept by
+the rule above, so the timer only waits out demand the forecast cannot see.
 
 Prewarm (`prewarm_nodes`, `prewarm_for_placements`):
 - nodes ahead of forecast demand, per cloud pool in its bottleneck unit (GPUs for GPU pools,
@@ -53,6 +61,7 @@ from broker.domain import (
     PricingModel,
     Workload,
 )
+from broker.placement.candidates import NODE_BOOT_S
 from broker.placement.kinds import PoolScale, PoolScaleIn, Prewarm, Retry
 
 Pair = tuple[str, str]
@@ -64,6 +73,12 @@ class DecisionConfig:
 
     # Cluster Autoscaler's default --scale-down-unneeded-time (10 min).
     scale_in_idle_s: float = 600.0
+    # The idle timer of policies with a forecast (scale_in's look-ahead), nodes the forecast
+    # needs being kept: the ski-rental break-even, an idle node kept as long as buying it
+    # again costs (its boot time, billed while it boots: candidates.NODE_BOOT_S, the
+    # packing model's boot charge), 2-competitive against knowing the next arrival (Karlin,
+    # Manasse, Rudolph, Sleator, "Competitive snoopy caching", Algorithmica 1988).
+    forecast_idle_s: float = NODE_BOOT_S
     # Backoff: first wait, cap (kube-scheduler's 5 min), and the least wait after capacity grew.
     retry_base_s: float = 10.0
     retry_max_s: float = 300.0
@@ -138,17 +153,42 @@ def placed_usage(placements: Iterable[Placement], specs: Mapping[str, Workload]
     return out
 
 
+def _forecast(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], key: Pair
+              ) -> tuple[float, float, float]:
+    """(used, demand rate per s, unit) of a pool in its bottleneck unit (GPUs for GPU
+    pools, else vCPU), this epoch's placements included: the prewarm forecast's inputs."""
+    cpu, _, gpu = placed.get(key, (0.0, 0.0, 0))
+    if p.node.gpu:
+        return float(p.used.gpu + gpu), p.demand_gpu_per_s, float(p.node.gpu)
+    return p.used.cpu + cpu, p.demand_cpu_per_s, p.node.cpu
+
+
+def _forecast_keeps(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], key: Pair,
+                    lead_s: float, nodes: int) -> int:
+    """How many of `nodes` the prewarm forecast over `lead_s` needs (module docstring):
+    the fewest n with floor((used + rate * lead - n * unit) / unit + 1/2) <= 0."""
+    used, rate, unit = _forecast(p, placed, key)
+    if unit <= 0:
+        return 0
+    need = used + max(0.0, rate) * max(0.0, lead_s)
+    return max(0, min(nodes, math.floor(need / unit - 0.5 + 1e-9) + 1))
+
+
 def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
              placed: Mapping[Pair, tuple[float, float, int]],
-             growing: set[Pair], action: PolicyAction | None = None
-             ) -> tuple[PoolScaleIn, ...]:
-    """Nodes idle past their timer (see the module docstring), longest idle first."""
+             growing: set[Pair], action: PolicyAction | None = None, *,
+             forecast: bool = False) -> tuple[PoolScaleIn, ...]:
+    """Nodes idle past their timer (see the module docstring), longest idle first; with
+    `forecast`, never below what the prewarm forecast needs over the policy's lead, and
+    after `forecast_idle_s` instead of `scale_in_idle_s` where the policy sets no timer."""
     now = snapshot.now_s
+    lead = max(0.0, action.prewarm_lead_s) if action is not None else 0.0
     timers = action.idle_timeout_s if action is not None else {}
     warm_pools = action.warm_nodes if action is not None else {}
     out = []
     for c in snapshot.clusters:
-        timer = max(0.0, float(timers.get(c.name, cfg.scale_in_idle_s)))
+        timer = max(0.0, float(timers.get(
+            c.name, cfg.forecast_idle_s if forecast else cfg.scale_in_idle_s)))
         warm = max(0, int(warm_pools.get(c.name, 0)))
         for p in c.pools:
             if _fixed(c, p) or (c.name, p.name) in growing or not p.node_states:
@@ -168,6 +208,9 @@ def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
             free_mem = p.free.memory_gib - mem
             k = int(min(free_cpu // max(p.node.cpu, 1e-9),
                         free_mem // max(p.node.memory_gib, 1e-9)))
+            if forecast:
+                k = min(k, p.nodes - _forecast_keeps(p, placed, (c.name, p.name), lead,
+                                                     p.nodes))
             if k <= 0:
                 continue
             idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))
@@ -193,11 +236,7 @@ def prewarm_nodes(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decis
             if _fixed(c, p):
                 continue
             key = (c.name, p.name)
-            cpu, _, gpu = placed.get(key, (0.0, 0.0, 0))
-            if p.node.gpu:
-                used, rate, unit = float(p.used.gpu + gpu), p.demand_gpu_per_s, float(p.node.gpu)
-            else:
-                used, rate, unit = p.used.cpu + cpu, p.demand_cpu_per_s, p.node.cpu
+            used, rate, unit = _forecast(p, placed, key)
             if rate <= 0 or unit <= 0:
                 continue
             nodes = p.nodes + added.get(key, 0)

@@ -279,7 +279,8 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves,
-        scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing, action)
+        scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing, action,
+                                    forecast=policy in PREWARM_POLICIES)
         + consolidate.consolidations(snapshot, policy, growing,
                                      below=action.consolidate_below))
 

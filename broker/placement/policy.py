@@ -146,8 +146,9 @@ _FIXED = PolicyAction()
 ACTIONS = (
     ActionSpec("cluster_bias_usd_per_hour", True, -BIAS_MAX_USD_PER_HOUR,
                BIAS_MAX_USD_PER_HOUR, 0.0),
+    # lp's own timer (decisions.py: the forecast policies' ski-rental break-even).
     ActionSpec("idle_timeout_s", True, 0.0, IDLE_TIMEOUT_MAX_S,
-               DecisionConfig().scale_in_idle_s),
+               DecisionConfig().forecast_idle_s),
     ActionSpec("warm_nodes", True, 0.0, float(WARM_NODES_MAX), 0.0, integer=True),
     ActionSpec("spot_bias_usd_per_hour", True, -SPOT_BIAS_MAX_USD_PER_HOUR,
                SPOT_BIAS_MAX_USD_PER_HOUR, 0.0),

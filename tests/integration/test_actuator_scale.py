@@ -234,11 +234,12 @@ async def test_the_planner_scales_in_nodes_idle_past_the_timer_and_the_actuator_
     await Reconciler(store, drivers, clock).reconcile_once()
     poller = InventoryPoller(store, drivers, clock)
     await poller.poll_once()  # two empty nodes: their timers start now
-    clock.advance(300)
+    clock.advance(100)
     await poller.poll_once()
     plan = await loop.tick()
     assert plan is not None
-    assert plan.scale_in == ()  # 5 minutes idle: not yet
+    # 100 s idle: not yet (lp's timer: DecisionConfig.forecast_idle_s, 120 s).
+    assert plan.scale_in == ()
     clock.advance(301)
     await poller.poll_once()
     plan = await loop.tick()

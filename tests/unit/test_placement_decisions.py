@@ -118,6 +118,32 @@ def test_no_scale_in_where_this_epochs_placements_land_or_on_fixed_sites() -> No
     assert busy.scale_in == ()
 
 
+def test_scale_in_keeps_the_nodes_the_forecast_needs_within_the_lead() -> None:
+    # Issue 12 item 1 (look-ahead): 4 nodes of 8 vCPU, 2 idle past the timer, 12 vCPU used.
+    # Demand 0.05 vCPU/s over the 120 s lead forecasts 12 + 6 = 18 vCPU: on the 2 busy nodes
+    # the overflow is 2 vCPU, under half a node, so prewarm would order none back and both
+    # idle nodes go...
+    states = (_idle("n0", None, cpu_allocated=8.0), _idle("n1", None, cpu_allocated=4.0),
+              _idle("n2", NOW - 900), _idle("n3", NOW - 800))
+    p = replace(pool("m5", price=0.4, nodes=4, max_nodes=40, used=Resources(12, 16)),
+                node_states=states, demand_cpu_per_s=0.05)
+    lead = PolicyAction(prewarm_lead_s=120.0)
+    [si] = plan_epoch(_snap((_cluster("a", p),)), lead, CFG).scale_in
+    assert si.nodes == ("n2", "n3")
+    # ...but at 0.1 vCPU/s the forecast is 12 + 12 = 24 vCPU = 3 nodes: removing both would
+    # leave 16 vCPU and an 8 vCPU overflow, a node the prewarm rule orders back at once. The
+    # look-ahead keeps one (the newest idle); before it, both went.
+    busy = replace(p, demand_cpu_per_s=0.1)
+    [si] = plan_epoch(_snap((_cluster("a", busy),)), lead, CFG).scale_in
+    assert si.nodes == ("n2",)
+    assert plan_epoch(_snap((_cluster("a", busy),)), lead, CFG).prewarm == ()
+    # Policies without a forecast (Cluster Autoscaler, Karpenter) remove both.
+    for policy in ("traditional", "karpenter"):
+        plan = plan_epoch(_snap((_cluster("a", busy),)), lead, CFG, policy=policy)
+        assert {n for si in plan.scale_in if si.reason == "idle" for n in si.nodes} == \
+            {"n2", "n3"}
+
+
 # ---------------------------------------------------------------- prewarm
 
 def test_nodes_are_prewarmed_for_forecast_overflow_with_the_policys_lead() -> None:

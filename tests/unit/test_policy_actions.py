@@ -87,9 +87,12 @@ def test_idle_timeout_and_warm_pool_change_scale_in() -> None:
     states = (_idle("n1", NOW - 300), _idle("n2", NOW - 200), _idle("n3", NOW - 100))
     p = replace(pool("m5", price=0.4, nodes=3, max_nodes=8), node_states=states)
     snap = FederationSnapshot(now_s=NOW, clusters=(_cluster("a", p),), pending=())
-    assert plan_epoch(snap, PolicyAction(), CFG).scale_in == ()  # 600 s timer
-    [fast] = plan_epoch(snap, PolicyAction(idle_timeout_s={"a": 150.0}), CFG).scale_in
-    assert fast.nodes == ("n1", "n2")
+    # lp's own timer: DecisionConfig.forecast_idle_s (120 s; no demand forecast here).
+    [dflt] = plan_epoch(snap, PolicyAction(), CFG).scale_in
+    assert dflt.nodes == ("n1", "n2")
+    assert plan_epoch(snap, PolicyAction(idle_timeout_s={"a": 600.0}), CFG).scale_in == ()
+    [slow] = plan_epoch(snap, PolicyAction(idle_timeout_s={"a": 250.0}), CFG).scale_in
+    assert slow.nodes == ("n1",)
     [warm] = plan_epoch(snap, PolicyAction(idle_timeout_s={"a": 0.0}, warm_nodes={"a": 2}),
                         CFG).scale_in
     assert warm.nodes == ("n1",)  # the two newest idle nodes stay warm

@@ -66,10 +66,18 @@ def test_cost_and_utilization_formulas() -> None:
 
 def test_idle_nodes_scale_in_after_ten_minutes() -> None:
     # The job ends at ~1802 s; the idle node is noticed at the next 300 s tick (2100 s) and
-    # removed 600 s later (2700 s): 0.75 node-hours at $1/h.
+    # removed 600 s later (2700 s): 0.75 node-hours at $1/h (Cluster Autoscaler's timer).
     scn = scenario(doc(), "a,0,batch,1,2,1,0,1800,,,0,,0\n")
-    m, eng = run(scn)
+    m, eng = run(scn, policy="traditional")
     assert m["cost_usd"] == pytest.approx(0.75, abs=0.01)
+    assert eng.clusters["c1"].pools[0].nodes == 0
+    # lp forecasts no demand after the job: its timer is the ski-rental break-even, one
+    # boot time (decisions.py, forecast_idle_s = 120 s): gone 120 s after the node is seen
+    # idle, between the job's end and the next tick.
+    m, eng = run(scn, policy="lp")
+    cost = m["cost_usd"]
+    assert isinstance(cost, float)
+    assert (1800.0 + 120.0) / 3600.0 - 0.01 <= cost <= (2100.0 + 120.0) / 3600.0 + 0.01
     assert eng.clusters["c1"].pools[0].nodes == 0
 
 

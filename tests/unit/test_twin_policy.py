@@ -104,7 +104,7 @@ def test_untrained_policy_starts_at_the_fixed_weights() -> None:
     act = to_action(("a",), raw)
     fixed = PolicyAction()
     assert act.cluster_bias_usd_per_hour["a"] == pytest.approx(0.0, abs=1e-9)
-    assert act.idle_timeout_s["a"] == pytest.approx(DecisionConfig().scale_in_idle_s)
+    assert act.idle_timeout_s["a"] == pytest.approx(DecisionConfig().forecast_idle_s)  # lp's timer
     assert act.warm_nodes["a"] == 0
     assert act.spot_bias_usd_per_hour["a"] == pytest.approx(0.0, abs=1e-9)
     assert act.headroom == pytest.approx(fixed.headroom)
