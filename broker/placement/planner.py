@@ -437,11 +437,13 @@ def _mip_stage(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, 
         box = config.safety_time_limit_s if config.deterministic else \
             config.neighbourhood_time_frac * config.time_limit_s
     mip = lp.solve_mip(sub, start, time_limit_s=box, mip_gap=config.mip_gap,
-                       max_nodes=config.mip_max_nodes if config.deterministic else None)
+                       max_nodes=config.mip_max_nodes if config.deterministic else None,
+                       substitute_fixed=not whole)
     status = mip.status if whole and mip.status in ("time_limit", "work_limit") else "optimal"
     bound = mip.bound if whole else None
+    start_obj = float(model.cost @ start)
     if mip.x is None or mip.objective is None or \
-            mip.objective >= float(model.cost @ start) - 1e-9:
+            mip.objective >= start_obj - 1e-9 * max(1.0, abs(start_obj)):
         # Nothing cheaper than the start it was warm-started from: loading the same
         # solution into a new ledger would only cost time (~0.03 s CPU at 1000x200).
         return _MipOutcome(status, bound, None, math.inf, "")

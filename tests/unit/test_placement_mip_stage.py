@@ -53,6 +53,35 @@ def test_neighbourhood_mip_moves_only_the_free_workloads() -> None:
     assert only_pinned.x[model.u_start] == pytest.approx(1.0)
 
 
+def test_substituting_the_fixed_columns_out_gives_the_same_neighbourhood_mip() -> None:
+    # HiGHS gets only the free columns (the fixed ones folded into the row bounds); the
+    # answer comes back for the whole model, equal to the one with every column passed.
+    snap = snapshot((workload("pinned", cpu=8, mem=8, affinity={"zone": "a"}),
+                     workload("free", cpu=8, mem=8)), clusters=_ejection_world())
+    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
+    pen = penalties(cs, 1000.0)
+    model = lp.build(cs, pen, {})
+    stranded = Ledger(cs, snap)
+    stranded.add(1, 0, 1)
+    start = rounding.to_columns(stranded, model)
+    for free_w in (np.array([0, 1]), np.array([0])):
+        sub = lp.fix_outside(model, start, free_w)
+        plain = lp.solve_mip(sub, start, time_limit_s=10.0, mip_gap=0.0)
+        folded = lp.solve_mip(sub, start, time_limit_s=10.0, mip_gap=0.0,
+                              substitute_fixed=True)
+        assert plain.x is not None
+        assert folded.x is not None
+        assert folded.x.shape == model.cost.shape
+        assert folded.x == pytest.approx(plain.x)
+        assert folded.objective == pytest.approx(plain.objective)
+        assert folded.objective == pytest.approx(float(model.cost @ folded.x))
+        assert folded.bound == pytest.approx(plain.bound)
+        act = model.a @ folded.x
+        assert np.all(act >= model.row_lo - 1e-6)
+        assert np.all(act <= model.row_hi + 1e-6)
+    assert folded.x[:model.n_x] == pytest.approx(start[:model.n_x])  # fixed stay fixed
+
+
 def _two_big_jobs() -> FederationSnapshot:
     # One pool with one 24-vCPU node and no room to grow: the relaxation places 1.4 of two
     # 16-vCPU jobs, any integer plan one; so there is a gap only a MIP can close. (CPU, not
