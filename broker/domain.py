@@ -289,9 +289,6 @@ class Pool:
     reclaim_rate_per_hour: float = 0.0  # spot reclaim hazard
     # Per-node observed state; empty when only aggregates are known (then `nodes`/`used` rule).
     node_states: tuple[NodeState, ...] = ()
-    # Recent demand placed on this pool (EWMA rate): the prewarm/look-ahead forecast's input.
-    demand_cpu_per_s: float = 0.0
-    demand_gpu_per_s: float = 0.0
     # Replicas the broker placed on this pool (active placements) and how many of them are not
     # running yet (placed, starting or waiting for a node): the policy's queue feature.
     replicas_placed: int = 0
@@ -465,6 +462,9 @@ class PolicyAction:
     reserve_nodes: Mapping[str, int] = field(default_factory=dict)
 
 
+_NO_DEMAND = (0.0, 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class FederationSnapshot:
     """Everything the planner may look at in one epoch, read at one instant."""
@@ -494,3 +494,12 @@ class FederationSnapshot:
     # When capacity last grew (work released, nodes joined, a fault ended), on the caller's
     # clock; None: unknown. A backing-off workload is due early after it (decisions.due).
     capacity_changed_s: float | None = None
+    # Recent demand placed on each pool, (cluster, pool) -> (vCPU/s, GPU/s) EWMA rates as of
+    # `now_s`: the prewarm forecast's and the policy's input; a pool not named has none.
+    # Kept beside the pools, not in them: the rates decay every epoch, so a pool that holds
+    # them would be a new value every epoch (the twin reuses unchanged pools, snapshot.py).
+    demand: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def demand_of(self, cluster: str, pool: str) -> tuple[float, float]:
+        """(vCPU/s, GPU/s) demand rate of one pool (0, 0 when none was recorded)."""
+        return self.demand.get((cluster, pool), _NO_DEMAND)

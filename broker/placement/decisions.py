@@ -153,21 +153,22 @@ def placed_usage(placements: Iterable[Placement], specs: Mapping[str, Workload]
     return out
 
 
-def _forecast(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], key: Pair
-              ) -> tuple[float, float, float]:
+def _forecast(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], key: Pair,
+              demand: tuple[float, float]) -> tuple[float, float, float]:
     """(used, demand rate per s, unit) of a pool in its bottleneck unit (GPUs for GPU
-    pools, else vCPU), this epoch's placements included: the prewarm forecast's inputs."""
+    pools, else vCPU), this epoch's placements included: the prewarm forecast's inputs
+    (`demand`: the pool's (vCPU/s, GPU/s) rates, FederationSnapshot.demand_of)."""
     cpu, _, gpu = placed.get(key, (0.0, 0.0, 0))
     if p.node.gpu:
-        return float(p.used.gpu + gpu), p.demand_gpu_per_s, float(p.node.gpu)
-    return p.used.cpu + cpu, p.demand_cpu_per_s, p.node.cpu
+        return float(p.used.gpu + gpu), demand[1], float(p.node.gpu)
+    return p.used.cpu + cpu, demand[0], p.node.cpu
 
 
 def _forecast_keeps(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], key: Pair,
-                    lead_s: float, nodes: int) -> int:
+                    demand: tuple[float, float], lead_s: float, nodes: int) -> int:
     """How many of `nodes` the prewarm forecast over `lead_s` needs (module docstring):
     the fewest n with floor((used + rate * lead - n * unit) / unit + 1/2) <= 0."""
-    used, rate, unit = _forecast(p, placed, key)
+    used, rate, unit = _forecast(p, placed, key, demand)
     if unit <= 0:
         return 0
     need = used + max(0.0, rate) * max(0.0, lead_s)
@@ -209,8 +210,9 @@ def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
             k = int(min(free_cpu // max(p.node.cpu, 1e-9),
                         free_mem // max(p.node.memory_gib, 1e-9)))
             if forecast:
-                k = min(k, p.nodes - _forecast_keeps(p, placed, (c.name, p.name), lead,
-                                                     p.nodes))
+                k = min(k, p.nodes - _forecast_keeps(
+                    p, placed, (c.name, p.name), snapshot.demand_of(c.name, p.name), lead,
+                    p.nodes))
             if k <= 0:
                 continue
             idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))
@@ -236,7 +238,7 @@ def prewarm_nodes(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decis
             if _fixed(c, p):
                 continue
             key = (c.name, p.name)
-            used, rate, unit = _forecast(p, placed, key)
+            used, rate, unit = _forecast(p, placed, key, snapshot.demand_of(*key))
             if rate <= 0 or unit <= 0:
                 continue
             nodes = p.nodes + added.get(key, 0)

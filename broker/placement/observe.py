@@ -11,7 +11,7 @@ names are the checkpoint format), one row per cluster, each scaled to roughly [0
 - spot_discount: 1 - mean spot price per vCPU / mean on-demand price per vCPU (0 without);
 - reclaim_rate_per_hour: sum of the pools' spot reclaim rates;
 - queue_frac: replicas placed but not running yet / replicas placed (`Pool.replicas_*`);
-- recent_demand: sum of the pools' demand EWMA (`Pool.demand_cpu_per_s`) / DEMAND_SCALE;
+- recent_demand: sum of the pools' demand EWMA (`FederationSnapshot.demand`) / DEMAND_SCALE;
 - healthy; is_edge (fixed hardware: edge or on-prem, network.FIXED_PROVIDERS);
 - booting_frac: nodes booting (`NodeState.booting`) / nodes;
 - idle_node_frac: ready nodes with nothing on them (no vCPU allocated, every GPU free) /
@@ -36,6 +36,7 @@ log1p of the federation's forecast vCPUs and GPUs over W, and log1p(W / 60 s).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -52,8 +53,12 @@ FORECAST_WINDOW_S = 300.0
 FORECAST_CAP = 4.0
 
 
-def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S) -> list[float]:
-    """One cluster's row of NODE_FEATURES (see the module docstring)."""
+def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S,
+                  demand: Mapping[tuple[str, str], tuple[float, float]] | None = None
+                  ) -> list[float]:
+    """One cluster's row of NODE_FEATURES (see the module docstring); `demand`: the
+    snapshot's per-pool demand rates (FederationSnapshot.demand)."""
+    rates = [(demand or {}).get((c.name, p.name), (0.0, 0.0)) for p in c.pools]
     cpu_prov = sum(p.nodes * p.node.cpu for p in c.pools)
     cpu_used = sum(p.used.cpu for p in c.pools)
     gpu_prov = sum(p.nodes * p.node.gpu for p in c.pools)
@@ -71,8 +76,8 @@ def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S) -> l
     idle = sum(1 for p in c.pools for n in p.node_states
                if not n.booting and n.cpu_allocated <= 1e-9 and n.gpu_free >= p.node.gpu)
     spot_cpu = sum(p.nodes * p.node.cpu for p in c.pools if p.pricing is PricingModel.SPOT)
-    fc_cpu = sum(p.demand_cpu_per_s for p in c.pools) * forecast_window_s
-    fc_gpu = sum(p.demand_gpu_per_s for p in c.pools) * forecast_window_s
+    fc_cpu = sum(r[0] for r in rates) * forecast_window_s
+    fc_gpu = sum(r[1] for r in rates) * forecast_window_s
     return [
         1.0 - cpu_used / cpu_prov if cpu_prov else 1.0,
         1.0 - gpu_used / gpu_prov if gpu_prov else 0.0,
@@ -80,7 +85,7 @@ def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S) -> l
         discount,
         sum(p.reclaim_rate_per_hour for p in c.pools),
         starting / placed if placed else 0.0,
-        sum(p.demand_cpu_per_s for p in c.pools) / DEMAND_SCALE_CPU_PER_S,
+        sum(r[0] for r in rates) / DEMAND_SCALE_CPU_PER_S,
         1.0 if c.healthy else 0.0,
         1.0 if is_fixed(c) else 0.0,
         booting / nodes if nodes else 0.0,
@@ -120,7 +125,7 @@ def edges(snapshot: FederationSnapshot, k_neighbours: int = K_NEIGHBOURS
 def batch_features(snapshot: FederationSnapshot,
                    forecast_window_s: float = FORECAST_WINDOW_S) -> list[float]:
     pend = snapshot.pending
-    pools = [p for c in snapshot.clusters for p in c.pools]
+    rates = [snapshot.demand_of(c.name, p.name) for c in snapshot.clusters for p in c.pools]
     day = 2 * math.pi * (snapshot.now_s % 86400.0) / 86400.0
     n = len(pend)
     return [
@@ -130,8 +135,8 @@ def batch_features(snapshot: FederationSnapshot,
         sum(1 for w in pend if w.spec.latency_slo_ms is not None) / n if n else 0.0,
         sum(1 for w in pend if w.spec.kind == WorkloadKind.TRAIN) / n if n else 0.0,
         math.sin(day), math.cos(day),
-        math.log1p(sum(p.demand_cpu_per_s for p in pools) * forecast_window_s),
-        math.log1p(sum(p.demand_gpu_per_s for p in pools) * forecast_window_s),
+        math.log1p(sum(r[0] for r in rates) * forecast_window_s),
+        math.log1p(sum(r[1] for r in rates) * forecast_window_s),
         math.log1p(forecast_window_s / 60.0),
     ]
 
@@ -142,7 +147,8 @@ def observe(snapshot: FederationSnapshot, *, k_neighbours: int = K_NEIGHBOURS,
     clusters = snapshot.clusters
     window = max(0.0, forecast_window_s)
     edge_index, edge_x = edges(snapshot, k_neighbours)
-    node_x = np.asarray([node_features(c, window) for c in clusters], dtype=np.float32)
+    node_x = np.asarray([node_features(c, window, snapshot.demand)
+                         for c in clusters], dtype=np.float32)
     return GraphObs(names=tuple(c.name for c in clusters),
                     node_x=node_x.reshape(len(clusters), len(NODE_FEATURES)),
                     edge_index=edge_index, edge_x=edge_x,

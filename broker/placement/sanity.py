@@ -19,7 +19,8 @@ the planner divides by them, and `5e-324` CPUs overflowed its bounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from broker import limits as lim
 from broker.domain import Cluster
@@ -31,6 +32,7 @@ _USED_MEMORY_MAX = lim.MEMORY_GIB_MAX * lim.NODES_MAX
 _USED_GPU_MAX = lim.GPU_MAX * lim.NODES_MAX
 
 
+_NO_DEMAND: Mapping[tuple[str, str], tuple[float, float]] = MappingProxyType({})
 _GIB_BYTE = 1.0 / 1024**3
 _USD = 1e-6
 
@@ -43,8 +45,10 @@ def _out_of_range(value: object, lo: float, hi: float, tiny: float) -> bool:
     return not lo <= value <= hi or 0 < abs(value) < tiny
 
 
-def cluster_problems(c: Cluster) -> list[str]:
-    """Every number of `c` the planner reads that is not finite or not in range."""
+def cluster_problems(c: Cluster, demand: Mapping[tuple[str, str], tuple[float, float]]
+                     = _NO_DEMAND) -> list[str]:
+    """Every number of `c` the planner reads that is not finite or not in range (`demand`:
+    the snapshot's demand rates, FederationSnapshot.demand, of which `c`'s pools are read)."""
     checks: list[tuple[str, object, float, float, float]] = [
         ("quotaVcpu", c.quota_vcpu, 0.0, lim.QUOTA_VCPU_MAX, 1e-3),
         ("quotaGpu", c.quota_gpu, 0.0, lim.QUOTA_GPU_MAX, 1e-3),
@@ -64,20 +68,23 @@ def cluster_problems(c: Cluster) -> list[str]:
             (at + "used.cpu", p.used.cpu, 0.0, _USED_CPU_MAX, 0.0),
             (at + "used.memory", p.used.memory_gib, 0.0, _USED_MEMORY_MAX, 0.0),
             (at + "used.gpu", p.used.gpu, 0, _USED_GPU_MAX, 0.0),
-            (at + "largestFreeGpuSet", p.largest_free_gpu_set, 0, lim.GPU_MAX, 0.0),
-            (at + "demandCpuPerS", p.demand_cpu_per_s, 0.0, _USED_CPU_MAX, 0.0),
-            (at + "demandGpuPerS", p.demand_gpu_per_s, 0.0, _USED_GPU_MAX, 0.0)]
+            (at + "largestFreeGpuSet", p.largest_free_gpu_set, 0, lim.GPU_MAX, 0.0)]
+        if (rates := demand.get((c.name, p.name))) is not None:
+            checks += [(at + "demandCpuPerS", rates[0], 0.0, _USED_CPU_MAX, 0.0),
+                       (at + "demandGpuPerS", rates[1], 0.0, _USED_GPU_MAX, 0.0)]
     return [f"{name}={value!r} is not 0 or a finite number in [{max(lo, tiny):g}, {hi:g}]"
             for name, value, lo, hi, tiny in checks
             if value is not None and _out_of_range(value, lo, hi, tiny)]
 
 
-def partition(clusters: Iterable[Cluster]) -> tuple[list[Cluster], dict[str, str]]:
+def partition(clusters: Iterable[Cluster],
+              demand: Mapping[tuple[str, str], tuple[float, float]] = _NO_DEMAND
+              ) -> tuple[list[Cluster], dict[str, str]]:
     """(clusters fit to plan with, {name: why not} for the rest), order kept."""
     good: list[Cluster] = []
     bad: dict[str, str] = {}
     for c in clusters:
-        problems = cluster_problems(c)
+        problems = cluster_problems(c, demand)
         if problems:
             bad[c.name] = "; ".join(problems[:5])
         else:

@@ -64,7 +64,13 @@ from broker.domain import (
     WorkloadStatus,
 )
 from broker.placement.commitments import with_commitments
-from broker.placement.observed import Inventory, ObservedNode, nodes_by_pool, observed_fields
+from broker.placement.observed import (
+    Inventory,
+    ObservedNode,
+    nodes_by_pool,
+    observed_fields,
+    reclaim_rate_per_hour,
+)
 from broker.placement.sanity import partition
 from providers.base import Offer
 
@@ -313,7 +319,19 @@ def _release_gpus(states: tuple[NodeState, ...], gpus: int, per_node: int
     return tuple(out), largest
 
 
-def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) -> Cluster:
+@dataclass(slots=True, eq=False)
+class MergeMemo:
+    """What the last merge made of each pool, and from what. Only speed, never a value: a
+    shell that merges every epoch (the twin) may pass the same memo to each `merge`, and a
+    pool whose every input is the same object, or an equal value, as at the last merge is
+    that merge's `Pool` again, an equal value (so the planner's per-pool caches,
+    `Pool.free`, carry over too). The result is the merge without a memo."""
+
+    pools: dict[Pair, tuple[tuple[object, ...], Pool]] = field(default_factory=dict)
+
+
+def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
+                  memo: MergeMemo | None = None) -> Cluster:
     """One member with every reading about it applied (commitments come after, for all)."""
     c = member.cluster
     now = inputs.now_s
@@ -329,36 +347,19 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) 
     out: list[Pool] = []
     priced: list[Provenance] = []
     for p in c.pools:  # every reading about the pool, then one copy of it at most
-        changes: dict[str, object] = {}
-        if inv is not None:
-            changes = observed_fields(p, by_pool[p.name], reclaims=inv.reclaims.get(p.name, 0),
-                                      since_s=inv.since_s, now_s=now,
-                                      observation=inv.observations.get(p.name))
-        if usage is not None and (m := usage.pools.get(p.name)) is not None:
-            used = changes.get("used", p.used)
-            assert isinstance(used, Resources)
-            changes["used"] = Resources(max(used.cpu, m.cpu),
-                                        max(used.memory_gib, m.memory_gib), used.gpu)
-        if (off := inputs.released.get((c.name, p.name))) is not None:
-            seen = changes.get("used")
-            used = seen if isinstance(seen, Resources) else p.used
-            changes["used"] = Resources(max(0.0, used.cpu - off.cpu),
-                                        max(0.0, used.memory_gib - off.memory_gib),
-                                        max(0, used.gpu - off.gpu))
-            seen_states = changes.get("node_states", p.node_states)
-            if off.gpu > 0 and isinstance(seen_states, tuple) and seen_states:
-                states, largest = _release_gpus(seen_states, off.gpu, int(p.node.gpu))
-                changes["node_states"], changes["largest_free_gpu_set"] = states, largest
         price, pp = price_of(p, member, inputs, settings)
         if p.pricing is not PricingModel.EDGE:
             priced.append(pp)
-        if price != p.price_usd_per_hour:
-            changes["price_usd_per_hour"] = price
-        if d := inputs.demand.get((c.name, p.name)):
-            changes["demand_cpu_per_s"], changes["demand_gpu_per_s"] = d
-        if n := inputs.replicas.get((c.name, p.name)):
-            changes["replicas_placed"], changes["replicas_starting"] = n
-        out.append(replace(p, **changes) if changes else p)  # type: ignore[arg-type]
+        key = _pool_inputs(p, c.name, inv, usage, inputs, price) if memo is not None else None
+        if key is not None and memo is not None:
+            kept = memo.pools.get((c.name, p.name))
+            if kept is not None and _same_inputs(kept[0], key):
+                out.append(kept[1])
+                continue
+        merged = _merge_pool(p, c.name, inv, by_pool, usage, inputs, price)
+        if key is not None and memo is not None:
+            memo.pools[(c.name, p.name)] = (key, merged)
+        out.append(merged)
     pools = tuple(out)
     prov["pricing"] = _worst(priced, Provenance("registration", _age(now, member.registered_s)))
     vcpu, gpu, stale, prov["quota"] = quota_of(c, pools, member, inputs, settings)
@@ -371,6 +372,59 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings) 
                    healthy=healthy, provenance=prov,
                    allowed_tenants=None if member.operator
                    else frozenset({member.tenant}) | member.lent_to)
+
+
+def _pool_inputs(p: Pool, cluster: str, inv: Inventory | None, usage: UsageReading | None,
+                 inputs: MergeInputs, price: float) -> tuple[object, ...] | None:
+    """Everything `_merge_pool` reads about `p`, for `MergeMemo` (None: not memoised, as
+    when the pool's nodes come raw rather than as a `PoolObservation`)."""
+    obs = None
+    rate = 0.0
+    if inv is not None:
+        obs = inv.observations.get(p.name)
+        if obs is None:
+            return None
+        rate = reclaim_rate_per_hour(inv.reclaims.get(p.name, 0), inv.since_s, inputs.now_s)
+    return (p, obs, inv is None, rate, price,
+            None if usage is None else usage.pools.get(p.name),
+            inputs.released.get((cluster, p.name)), inputs.replicas.get((cluster, p.name)))
+
+
+def _same_inputs(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """The registered pool and its observation by identity (values: an identical one is an
+    equal one), the rest by value."""
+    return a[0] is b[0] and a[1] is b[1] and a[2:] == b[2:]
+
+
+def _merge_pool(p: Pool, cluster: str, inv: Inventory | None,
+                by_pool: Mapping[str, list[ObservedNode]], usage: UsageReading | None,
+                inputs: MergeInputs, price: float) -> Pool:
+    """The registered pool `p` with every reading about it applied: one copy at most."""
+    changes: dict[str, object] = {}
+    if inv is not None:
+        changes = observed_fields(p, by_pool[p.name], reclaims=inv.reclaims.get(p.name, 0),
+                                  since_s=inv.since_s, now_s=inputs.now_s,
+                                  observation=inv.observations.get(p.name))
+    if usage is not None and (m := usage.pools.get(p.name)) is not None:
+        used = changes.get("used", p.used)
+        assert isinstance(used, Resources)
+        changes["used"] = Resources(max(used.cpu, m.cpu),
+                                    max(used.memory_gib, m.memory_gib), used.gpu)
+    if (off := inputs.released.get((cluster, p.name))) is not None:
+        seen = changes.get("used")
+        used = seen if isinstance(seen, Resources) else p.used
+        changes["used"] = Resources(max(0.0, used.cpu - off.cpu),
+                                    max(0.0, used.memory_gib - off.memory_gib),
+                                    max(0, used.gpu - off.gpu))
+        seen_states = changes.get("node_states", p.node_states)
+        if off.gpu > 0 and isinstance(seen_states, tuple) and seen_states:
+            states, largest = _release_gpus(seen_states, off.gpu, int(p.node.gpu))
+            changes["node_states"], changes["largest_free_gpu_set"] = states, largest
+    if price != p.price_usd_per_hour:
+        changes["price_usd_per_hour"] = price
+    if n := inputs.replicas.get((cluster, p.name)):
+        changes["replicas_placed"], changes["replicas_starting"] = n
+    return replace(p, **changes) if changes else p  # type: ignore[arg-type]
 
 
 def committed_spend(tenants: Sequence[Tenant], running: Sequence[Placement],
@@ -419,12 +473,14 @@ def measured_rtts(inputs: MergeInputs, settings: MergeSettings,
     return users, peers
 
 
-def merge(inputs: MergeInputs, settings: MergeSettings | None = None) -> FederationSnapshot:
+def merge(inputs: MergeInputs, settings: MergeSettings | None = None, *,
+          memo: MergeMemo | None = None) -> FederationSnapshot:
     """The snapshot the planner and the policy see (see the module docstring)."""
-    return merge_screened(inputs, settings)[0]
+    return merge_screened(inputs, settings, memo=memo)[0]
 
 
-def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
+def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None, *,
+                   memo: MergeMemo | None = None
                    ) -> tuple[FederationSnapshot, dict[str, str]]:
     """The snapshot, and the clusters left out of it because a merged number is absurd
     (placement/sanity.py: not finite, or out of the API's ranges), with why.
@@ -434,8 +490,8 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
     """
     settings = settings or MergeSettings()
     members = members_of(inputs)
-    clusters = [merge_cluster(m, inputs, settings) for m in members]
-    merged, bad = partition(clusters) if settings.screen else (clusters, {})
+    clusters = [merge_cluster(m, inputs, settings, memo) for m in members]
+    merged, bad = partition(clusters, inputs.demand) if settings.screen else (clusters, {})
     committed = with_commitments(merged, inputs.running, inputs.workloads,
                                  ordered=inputs.ordered)
     sites = {c.name for c in committed if c.is_edge}
@@ -447,4 +503,4 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None
         tenants=committed_spend(inputs.tenants, inputs.running, inputs.workloads),
         egress_usd_per_gb=dict(inputs.egress_usd_per_gb),
         bandwidth_gbps=dict(inputs.bandwidth_gbps), workloads=dict(inputs.workloads),
-        displaced=dict(inputs.displaced)), bad
+        displaced=dict(inputs.displaced), demand=dict(inputs.demand)), bad

@@ -40,6 +40,7 @@ from typing import Protocol
 
 from broker.domain import FederationSnapshot, PolicyAction, UserRegion
 from broker.placement.planner import EpochPlan, PlannerConfig
+from broker.placement.snapshot import MergeMemo
 from broker.sim import applying, faults, hazard, training
 from broker.sim.metrics import Metrics
 from broker.sim.network import user_rtt_table
@@ -145,6 +146,7 @@ class Engine:
         self.recent_demand_cpu = 0.0  # EWMA of submitted cpu per second (observation)
         # Cluster<->cluster RTT and throughput (static topology): the policy graph's edges.
         self.network = network_of(scenario, catalog)
+        self.merge_memo = MergeMemo()  # unchanged pools merge to the same Pool (snapshot.py)
 
     @property
     def state_version(self) -> int:

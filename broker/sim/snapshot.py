@@ -12,8 +12,11 @@ Each simulated node reports what runs on it (the engine places every replica on 
 Per epoch, the cost follows what changed: a pool's nodes are read again (`observe`, the
 merge's node rules) only when the pool changed since its last reading (`SimPool.changed`) or
 one of its booting nodes came up; otherwise its last `PoolObservation` goes into the merge as
-it is. `SimConfig.reuse_observations = False` reads every pool every epoch (the reference the
-tests compare against).
+it is, and a pool none of whose inputs changed (its reading, registration, price, replica
+counts, reclaim rate) is last epoch's merged `Pool` again (placement/snapshot.py `MergeMemo`;
+the demand rates, which decay every epoch, sit beside the pools in `FederationSnapshot.demand`).
+`SimConfig.reuse_observations = False` reads every pool and merges every pool afresh every
+epoch (the reference the tests compare against).
 """
 
 from __future__ import annotations
@@ -234,7 +237,8 @@ def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
     """The FederationSnapshot of the engine's state now, asking for `batch`; with `running`,
     the running services (`movable`) with their specs and the sites they were evicted from.
     When capacity last grew is the engine's (backoff's "cluster event")."""
-    snap = merge(twin_inputs(engine, batch), TWIN_MERGE)
+    snap = merge(twin_inputs(engine, batch), TWIN_MERGE,
+                 memo=engine.merge_memo if engine.config.reuse_observations else None)
     # Where the batch's partly placed workloads already run (no spec: never moved), so a
     # policy can keep a replica's member cluster (baselines.py's Karmada layer).
     partial = tuple(running_placement(ws) for ws in batch if ws.groups)

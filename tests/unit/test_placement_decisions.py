@@ -126,20 +126,20 @@ def test_scale_in_keeps_the_nodes_the_forecast_needs_within_the_lead() -> None:
     states = (_idle("n0", None, cpu_allocated=8.0), _idle("n1", None, cpu_allocated=4.0),
               _idle("n2", NOW - 900), _idle("n3", NOW - 800))
     p = replace(pool("m5", price=0.4, nodes=4, max_nodes=40, used=Resources(12, 16)),
-                node_states=states, demand_cpu_per_s=0.05)
+                node_states=states)
+    slow, fast = {("a", "m5"): (0.05, 0.0)}, {("a", "m5"): (0.1, 0.0)}
     lead = PolicyAction(prewarm_lead_s=120.0)
-    [si] = plan_epoch(_snap((_cluster("a", p),)), lead, CFG).scale_in
+    [si] = plan_epoch(_snap((_cluster("a", p),), demand=slow), lead, CFG).scale_in
     assert si.nodes == ("n2", "n3")
     # ...but at 0.1 vCPU/s the forecast is 12 + 12 = 24 vCPU = 3 nodes: removing both would
     # leave 16 vCPU and an 8 vCPU overflow, a node the prewarm rule orders back at once. The
     # look-ahead keeps one (the newest idle); before it, both went.
-    busy = replace(p, demand_cpu_per_s=0.1)
-    [si] = plan_epoch(_snap((_cluster("a", busy),)), lead, CFG).scale_in
+    [si] = plan_epoch(_snap((_cluster("a", p),), demand=fast), lead, CFG).scale_in
     assert si.nodes == ("n2",)
-    assert plan_epoch(_snap((_cluster("a", busy),)), lead, CFG).prewarm == ()
+    assert plan_epoch(_snap((_cluster("a", p),), demand=fast), lead, CFG).prewarm == ()
     # Policies without a forecast (Cluster Autoscaler, Karpenter) remove both.
     for policy in ("traditional", "karpenter"):
-        plan = plan_epoch(_snap((_cluster("a", busy),)), lead, CFG, policy=policy)
+        plan = plan_epoch(_snap((_cluster("a", p),), demand=fast), lead, CFG, policy=policy)
         assert {n for si in plan.scale_in if si.reason == "idle" for n in si.nodes} == \
             {"n2", "n3"}
 
@@ -149,9 +149,8 @@ def test_scale_in_keeps_the_nodes_the_forecast_needs_within_the_lead() -> None:
 def test_nodes_are_prewarmed_for_forecast_overflow_with_the_policys_lead() -> None:
     # 8 vCPU nodes, 2 of them, 14 vCPU used, demand 0.1 vCPU/s: in 120 s +12 vCPU ->
     # overflow 10 vCPU = 1.25 nodes -> 1 node (half a node buys one).
-    p = replace(pool("m5", price=0.4, nodes=2, max_nodes=40, used=Resources(14, 20)),
-                demand_cpu_per_s=0.1)
-    snap = _snap((_cluster("a", p),))
+    p = pool("m5", price=0.4, nodes=2, max_nodes=40, used=Resources(14, 20))
+    snap = replace(_snap((_cluster("a", p),)), demand={("a", "m5"): (0.1, 0.0)})
     [pw] = plan_epoch(snap, PolicyAction(prewarm_lead_s=120.0), CFG).prewarm
     assert (pw.cluster, pw.pool, pw.nodes, pw.reason) == ("a", "m5", 1, "forecast")
     # 300 s lead: overflow 14 + 30 - 16 = 28 vCPU = 3.5 nodes -> 4, capped at max_nodes/10.

@@ -99,9 +99,9 @@ def test_idle_timeout_and_warm_pool_change_scale_in() -> None:
 
 
 def test_prewarm_lead_changes_how_many_nodes_are_ordered() -> None:
-    p = replace(pool("m5", price=0.4, nodes=1, max_nodes=40), used=Resources(6.0, 8.0),
-                demand_cpu_per_s=0.05)
-    snap = FederationSnapshot(now_s=NOW, clusters=(_cluster("a", p),), pending=())
+    p = replace(pool("m5", price=0.4, nodes=1, max_nodes=40), used=Resources(6.0, 8.0))
+    snap = FederationSnapshot(now_s=NOW, clusters=(_cluster("a", p),), pending=(),
+                              demand={("a", "m5"): (0.05, 0.0)})
     short = plan_epoch(snap, PolicyAction(prewarm_lead_s=60.0), CFG).prewarm
     long = plan_epoch(snap, PolicyAction(prewarm_lead_s=1800.0), CFG).prewarm
     assert short == ()

@@ -28,11 +28,12 @@ from broker.domain import (
 )
 from broker.federation.inventory import next_nodes
 from broker.placement.network import RttResolver
-from broker.placement.observed import Inventory, ObservedNode, decayed, demand_rate
+from broker.placement.observed import Inventory, ObservedNode, decayed, demand_rate, observe
 from broker.placement.snapshot import (
     HubReading,
     Member,
     MergeInputs,
+    MergeMemo,
     MergeSettings,
     PriceReading,
     QuotaReading,
@@ -384,3 +385,41 @@ def test_probe_targets_name_their_rtt_and_bad_ones_fail_at_start() -> None:
     ns = build_parser().parse_args(["--site", "s1", "--probe", "users=10.0.0.5:x"])
     with pytest.raises(SystemExit, match="bad port"):
         config_from_args(ns)
+
+
+# ---- the merge memo (the twin's incremental merge) ---------------------------------------
+def test_a_memoised_merge_equals_a_fresh_one_whichever_input_changes() -> None:
+    """`MergeMemo` keeps a pool's merged value while its inputs are unchanged: each input the
+    pool's merge reads, changed alone, must give what a merge without the memo gives."""
+    p, gpu = pool(), pool("p4", gpu=8, itype="p4d.24xlarge")
+    reg = member(cluster("aws-use1", p, gpu))
+    nodes = [ObservedNode(name=f"n{i}", pool=q.name, allocatable=q.node,
+                          allocated=Resources(1.0, 2.0, 3 if q.node.gpu else 0))
+             for i, q in enumerate((p, p, gpu))]
+    reading = {q.name: observe(q, [n for n in nodes if n.pool == q.name]) for q in (p, gpu)}
+    base = MergeInputs(now_s=NOW, members=(reg,), inventory={"aws-use1": Inventory(
+        observed_s=NOW, reclaims={"m5": 2}, since_s=0.0, observations=reading)})
+    again = {**reading, "m5": observe(p, nodes[:1])}
+    variants = [
+        replace(base, now_s=NOW + 3600.0),  # the reclaim rate is per hour observed
+        replace(base, replicas={("aws-use1", "m5"): (3, 1)}),
+        replace(base, replicas={("aws-use1", "m5"): (3, 0)}),
+        replace(base, released={("aws-use1", "p4"): Resources(1.0, 2.0, 2)}),
+        replace(base, usage={"aws-use1": UsageReading(NOW, {"m5": Resources(7.0, 1.0)})}),
+        replace(base, prices={("aws", "us-east-1", "m5.2xlarge"): PriceReading(
+            offer(0.5), NOW)}),
+        replace(base, members=(member(cluster("aws-use1", replace(p, max_nodes=1), gpu)),)),
+        replace(base, inventory={"aws-use1": replace(base.inventory["aws-use1"],
+                                                     observations=again)}),
+        replace(base, demand={("aws-use1", "m5"): (0.5, 0.0)})]
+    steps = [base] + [x for v in variants for x in (v, base)]  # one input changed at a time
+    memo = MergeMemo()
+    kept = 0
+    last: tuple[Pool, ...] = ()
+    for i, inputs in enumerate(steps):
+        got = merge(inputs, SETTINGS, memo=memo)
+        assert got == merge(inputs, SETTINGS), f"step {i}"
+        pools = got.clusters[0].pools
+        kept += sum(a is b for a, b in zip(pools, last, strict=False))
+        last = pools
+    assert kept > 0  # the memo was used: unchanged pools are the same object

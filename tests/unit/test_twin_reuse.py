@@ -1,7 +1,8 @@
 """The twin's per-epoch shortcuts give the very snapshots and decisions of the plain path.
 
 `SimConfig.reuse_observations` (sim/snapshot.py) keeps each pool's observed nodes until the
-pool changes; off, every node is read every epoch. Both runs of a shipped scenario's first
+pool changes, and the merge's pool until one of its inputs changes; off, every node is read
+and every pool merged every epoch. Both runs of a shipped scenario's first
 hours must see equal snapshots and make equal plans at every epoch, and end with equal
 metrics; and the shortcut must actually have been taken (else the test proves nothing).
 """
@@ -9,6 +10,7 @@ metrics; and the shortcut must actually have been taken (else the test proves no
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,17 @@ def test_reused_observations_give_the_same_snapshots_and_plans(
     plain_metrics.pop("decision_ms_p99")
     assert fast_metrics == plain_metrics
     assert reads < plain_reads / 2  # most pools were not read again
+    # ... nor merged again: an unchanged pool is last epoch's Pool (placement MergeMemo).
+    assert _kept_pools(fast) > _pool_count(fast) / 4
+    assert _kept_pools(plain) == 0
+
+
+def _kept_pools(run: list[tuple[FederationSnapshot, EpochPlan]]) -> int:
+    """Pools that are the very object they were in the epoch before."""
+    return sum(a is b for (prev, _), (snap, _) in itertools.pairwise(run)
+               for c_prev, c in zip(prev.clusters, snap.clusters, strict=True)
+               for a, b in zip(c_prev.pools, c.pools, strict=True))
+
+
+def _pool_count(run: list[tuple[FederationSnapshot, EpochPlan]]) -> int:
+    return sum(len(c.pools) for snap, _ in run[1:] for c in snap.clusters)
