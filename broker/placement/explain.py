@@ -28,7 +28,7 @@ import numpy as np
 
 from broker.domain import Assignment, FederationSnapshot, Placement, PolicyAction
 from broker.placement.candidates import CandidateSet, FloatArray, build_candidates
-from broker.placement.feasibility import family_masks, may_use
+from broker.placement.feasibility import family_masks, may_use, size_for_slo
 from broker.placement.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -303,8 +303,10 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
     Hard constraints still hold: if the forced cluster is infeasible for the
     workload it ends up unplaced and the answer says which family forbids it.
     """
-    from broker.placement.planner import PlannerError, plan_candidates
+    from broker.placement.planner import SLO_QUEUEING_POLICIES, PlannerError, plan_candidates
 
+    if policy in SLO_QUEUEING_POLICIES:  # as plan_epoch sizes them, so "before" is the plan
+        snapshot = replace(snapshot, pending=size_for_slo(snapshot, snapshot.pending)[0])
     ids = [w.id for w in snapshot.pending]
     if workload_id not in ids:
         raise PlannerError(f"workload {workload_id!r} is not in the snapshot's pending batch")

@@ -133,3 +133,18 @@ def test_added_replicas_the_twin_cannot_place_are_dropped_not_retried() -> None:
     # Two replicas at rho 0.25 wait 1.7 ms alone: 8.48 + 1.67 > 10 for one, but both sit in
     # one cluster (M/M/2 at rho 0.25 waits 0.3 ms), so the twin counts them inside the SLO.
     assert m["slo_violation_frac"] == 0.0
+
+
+def test_whatif_compares_against_the_sized_plan() -> None:
+    from broker.domain import PolicyAction
+    from broker.placement.explain import whatif
+    from broker.placement.planner import PlannerConfig
+    from tests.unit.placement_world import snapshot, workload
+
+    # The counterfactual's "before" is what plan_epoch decides: 3 replicas on edge-nyc for a
+    # 10 ms SLO; forcing aws-use1 (15 ms) leaves it unplaced on latency.
+    snap = snapshot((workload("web", user_region="nyc", latency_slo_ms=10),))
+    out = whatif(snap, PolicyAction(), PlannerConfig(time_limit_s=2.0), "web", "aws-use1")
+    assert out["before"]["placed"] == 3
+    assert out["before"]["clusters"] == ["edge-nyc"]
+    assert out["after"]["placed"] == 0
