@@ -123,6 +123,9 @@ class Engine:
         self.hazard_rng = stream(scenario.seed, SPOT_HAZARD)
         self.clusters = {c.name: _make_cluster(c) for c in scenario.clusters}
         self.workloads: dict[str, WorkloadState] = {}
+        # The workloads not finished: the only ones with replicas placed (groups). A day's
+        # trace holds thousands of finished jobs the snapshot need not walk every epoch.
+        self.unfinished: dict[str, WorkloadState] = {}
         self.pending: dict[str, None] = {}  # insertion-ordered set of ids with pending replicas
         self.now = 0.0
         self.metrics = Metrics(self)
@@ -258,6 +261,7 @@ class Engine:
         if ev.kind == "service":
             ws.scale_requests.append((self.now, ev.replicas))
         self.workloads[ev.id] = ws
+        self.unfinished[ev.id] = ws
         self.pending[ev.id] = None
         self._version += 1
 
@@ -411,6 +415,7 @@ class Engine:
         for g in list(ws.groups):
             self.release(ws, g, g.count)
         ws.finished = True
+        self.unfinished.pop(wid, None)
         ws.pending = 0
         self.pending.pop(wid, None)
         self.metrics.service_changed(ws)
@@ -472,6 +477,8 @@ class Engine:
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
+        if any(ws.groups for w, ws in self.workloads.items() if self.unfinished.get(w) is not ws):
+            raise CapacityError("a workload outside `unfinished` holds replicas")
         for c in self.clusters.values():
             for p in c.pools:
                 p.check()

@@ -226,7 +226,7 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     return MergeInputs(
         now_s=now, members=members,
         inventory=inventory, pending=tuple(pending_workload(ws) for ws in batch),
-        replicas=replica_counts(engine.workloads.values()), demand=demand,
+        replicas=replica_counts(engine.unfinished.values()), demand=demand,
         user_regions=tuple(UserRegion(u.name, u.lat, u.lon)
                            for u in engine.scenario.user_regions),
         user_rtt_ms=engine.rtt, cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps)
