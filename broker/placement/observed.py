@@ -190,17 +190,31 @@ def observe(pool: Pool, nodes: Sequence[ObservedNode],
     gpu = largest = 0
     min_cpu = min_mem = math.inf
     min_gpu = 1 << 30
-    for k, n in enumerate(nodes):  # one pass: this runs every epoch, for every node
+    last: Resources | None = None
+    keep = NodeLeaving.NO
+    # One pass, no calls per node: a changed pool is read again every epoch (the twin's
+    # busiest pools hold hundreds of nodes). `a < b` tests are min()/max()'s own.
+    for k, n in enumerate(nodes):
         st = node_state(pool, n) if states is None else states[k]
         out.append(st)
-        if st.leaving is not NodeLeaving.NO:
+        if st.leaving is not keep:
             continue
         count += 1
-        a, u = n.allocatable, n.allocated
-        cpu, mem, gpu = cpu + u.cpu, mem + u.memory_gib, gpu + u.gpu
-        min_cpu, min_mem = min(min_cpu, a.cpu), min(min_mem, a.memory_gib)
-        min_gpu = min(min_gpu, a.gpu)
-        largest = max(largest, st.largest_free_gpu_set)
+        u = n.allocated
+        cpu += u.cpu
+        mem += u.memory_gib
+        gpu += u.gpu
+        a = n.allocatable
+        if a is not last:  # nodes of one shape usually share one value
+            last = a
+            if a.cpu < min_cpu:
+                min_cpu = a.cpu
+            if a.memory_gib < min_mem:
+                min_mem = a.memory_gib
+            if a.gpu < min_gpu:
+                min_gpu = a.gpu
+        if st.largest_free_gpu_set > largest:
+            largest = st.largest_free_gpu_set
     return PoolObservation(node=Resources(min_cpu, min_mem, min_gpu) if count else None,
                            nodes=count, used=Resources(cpu, mem, gpu),
                            node_states=tuple(out), largest_free_gpu_set=largest)
