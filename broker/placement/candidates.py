@@ -63,10 +63,10 @@ from broker.placement.feasibility import (
     free_gpu_sets,
     gpu_class,
     reserved_nodes,
+    rtt_table,
     sets_per_new_node,
     tenancy_mask,
 )
-from broker.placement.network import RttResolver
 from broker.placement.weighted import targets as weighted_targets
 
 FloatArray = npt.NDArray[np.float64]
@@ -275,7 +275,8 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     replicas = np.array([max(0, w.spec.replicas) for w in wls], dtype=np.int64)
     table = option_table(options)
     node = table.node
-    masks = family_masks(snapshot, wls, options, demand, node)
+    rtt = rtt_table(snapshot, wls, options)
+    masks = family_masks(snapshot, wls, options, demand, node, rtt)
     visible = tenancy_mask(wls, options)
     feasible = visible.copy()
     for m in masks.values():
@@ -291,9 +292,9 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         per_w[i]["weighted"] = int(no_share[i])
     counts = tuple(per_w)
     feasible &= in_share
-    parts = _costs(snapshot, action, wls, options, clusters, demand, node,
+    parts = _costs(snapshot, action, wls, options, clusters, demand, node, rtt,
                    service_horizon_h, site_cost_fraction)
-    compute, egress, latency, bias, usdh, rtt = parts
+    compute, egress, latency, bias, usdh = parts
     node_usd: FloatArray | None = None
     list_compute: FloatArray | None = None
     if packing:
@@ -387,9 +388,10 @@ def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
 
 def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Workload],
            options: Sequence[Option], clusters: Mapping[str, Cluster], demand: FloatArray,
-           node: FloatArray, service_horizon_h: float,
+           node: FloatArray, rtt: FloatArray, service_horizon_h: float,
            site_cost_fraction: float = 1.0) -> tuple[FloatArray, ...]:
-    """compute, egress, latency, bias, usd_per_hour, rtt_ms: each W x O, per replica."""
+    """compute, egress, latency, bias, usd_per_hour: each W x O, per replica (`rtt`: the
+    batch's feasibility.rtt_table)."""
     n_w, n_o = len(wls), len(options)
     # Dominant share; a resource the node lacks counts 0 here (the pair is
     # infeasible by the `resources` family anyway, so its cost is never used).
@@ -411,20 +413,8 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
                        for o in options], dtype=np.float64)
     bias = hours[:, None] * bias_c[None, :]
     egress = _egress(snapshot, wls, options, clusters)
-    rtt = np.full((n_w, n_o), np.nan)
-    resolver = RttResolver(snapshot)
-    rows: dict[str, FloatArray] = {}
-    for i, w in enumerate(wls):
-        region = w.spec.user_region
-        if region is None:
-            continue
-        if region not in rows:
-            values = [resolver.rtt_ms(region, o.cluster) for o in options]
-            rows[region] = np.array([np.nan if v is None else v for v in values],
-                                    dtype=np.float64)
-        rtt[i] = rows[region]
     latency = np.where(np.isnan(rtt), 0.0, rtt) * action.latency_weight_usd_per_ms
-    return compute, egress, latency, bias, usdh, rtt
+    return compute, egress, latency, bias, usdh
 
 
 def _egress(snapshot: FederationSnapshot, wls: Sequence[Workload],

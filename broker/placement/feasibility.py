@@ -48,7 +48,7 @@ from broker.placement import queueing, topology
 from broker.placement.network import RttResolver
 
 if TYPE_CHECKING:
-    from broker.placement.candidates import BoolArray, FloatArray, Option
+    from broker.placement.candidates import BoolArray, FloatArray, IntArray, Option
 
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
 GpuClass = tuple[int, bool]  # GPUs per replica, needs an NVLink ring
@@ -184,8 +184,10 @@ def tenancy_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArra
 
 def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
                   options: Sequence[Option], demand: FloatArray,
-                  node: FloatArray) -> dict[str, BoolArray]:
-    """One W x O boolean mask per family: True = this family allows the pair."""
+                  node: FloatArray, rtt: FloatArray | None = None) -> dict[str, BoolArray]:
+    """One W x O boolean mask per family: True = this family allows the pair.
+
+    `rtt`: the batch's `rtt_table` when the caller has it (computed here otherwise)."""
     n_w, n_o = len(wls), len(options)
     ones = np.ones((n_w, n_o), dtype=bool)
     healthy = np.array([o.cluster.healthy for o in options], dtype=bool)
@@ -213,7 +215,8 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
         "gpu_model": model_ok,
         "interconnect": ic_ok,
         "topology": topo_ok,
-        "latency": _latency_mask(snapshot, wls, options),
+        "latency": _latency_mask(wls, rtt_table(snapshot, wls, options) if rtt is None
+                                 else rtt),
         "taints": _per_cluster_mask(
             wls, options, lambda w: tuple(w.spec.tolerations),
             lambda sig, c: tolerates_all(sig, c.taints)),
@@ -254,18 +257,47 @@ def _per_cluster_mask(wls: Sequence[Workload], options: Sequence[Option],
     for i, w in enumerate(wls):
         rows[i] = sigs.setdefault(signature(w), len(sigs))
     table = np.ones((max(len(sigs), 1), len(options)), dtype=bool)
-    verdict: dict[tuple[int, str], bool] = {}
+    col, clusters = _option_clusters(options)
     for sig, r in sigs.items():
-        for j, o in enumerate(options):
-            key = (r, o.cluster.name)
-            if key not in verdict:
-                verdict[key] = bool(check(sig, o.cluster))
-            table[r, j] = verdict[key]
+        table[r] = np.array([bool(check(sig, c)) for c in clusters], dtype=bool)[col]
     return table[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
 
 
-def _latency_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
-                  options: Sequence[Option]) -> BoolArray:
+def _option_clusters(options: Sequence[Option]) -> tuple[IntArray, list[Cluster]]:
+    """The options' clusters, each once (first seen by name), and each option's index there:
+    a per-cluster check is evaluated per cluster and spread to the options by `col`."""
+    index: dict[str, int] = {}
+    clusters: list[Cluster] = []
+    for o in options:
+        if o.cluster.name not in index:
+            index[o.cluster.name] = len(clusters)
+            clusters.append(o.cluster)
+    col = np.array([index[o.cluster.name] for o in options], dtype=np.int64)
+    return col, clusters
+
+
+def rtt_table(snapshot: FederationSnapshot, wls: Sequence[Workload],
+              options: Sequence[Option]) -> FloatArray:
+    """W x O RTT in ms from each workload's user region to each option's cluster
+    (network.RttResolver); nan where unknown or the workload names no user region.
+    One lookup per (region, cluster), not per option."""
+    out = np.full((len(wls), len(options)), np.nan)
+    col, clusters = _option_clusters(options)
+    resolver = RttResolver(snapshot)
+    rows: dict[str, FloatArray] = {}
+    for i, w in enumerate(wls):
+        region = w.spec.user_region
+        if region is None:
+            continue
+        if region not in rows:
+            per_cluster = np.array([np.nan if v is None else v for v in (
+                resolver.rtt_ms(region, c) for c in clusters)], dtype=np.float64)
+            rows[region] = per_cluster[col]
+        out[i] = rows[region]
+    return out
+
+
+def _latency_mask(wls: Sequence[Workload], rtt: FloatArray) -> BoolArray:
     """`latency` family: RTT(user region, cluster) + the planned wait <= SLO.
 
     The planned wait is the M/M/1 wait of one replica at the spec's `slo_utilization`
@@ -273,9 +305,7 @@ def _latency_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
     when the spec has no `slo_utilization` (the SLO bounds RTT alone: workloads the planner
     did not size, and the baselines, whose systems have no such rule).
     """
-    resolver = RttResolver(snapshot)
-    mask = np.ones((len(wls), len(options)), dtype=bool)
-    rtt_rows: dict[str, FloatArray] = {}  # user region -> RTT per option, nan = unknown
+    mask = np.ones(rtt.shape, dtype=bool)
     rows: dict[tuple[str, float, float | None], BoolArray] = {}
     for i, w in enumerate(wls):
         spec = w.spec
@@ -285,13 +315,7 @@ def _latency_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
         if key not in rows:
             wait = 0.0 if spec.slo_utilization is None else \
                 queueing.queue_wait_ms(1, spec.slo_utilization)
-            rtt = rtt_rows.get(spec.user_region)
-            if rtt is None:
-                rtt = np.array([np.nan if v is None else v for v in (
-                    resolver.rtt_ms(spec.user_region, o.cluster) for o in options)],
-                    dtype=np.float64)
-                rtt_rows[spec.user_region] = rtt
-            rows[key] = rtt + wait <= spec.latency_slo_ms + 1e-9  # nan (unknown): False
+            rows[key] = rtt[i] + wait <= spec.latency_slo_ms + 1e-9  # nan (unknown): False
         mask[i] = rows[key]
     return mask
 

@@ -95,16 +95,21 @@ def leaving_workloads(snapshot: FederationSnapshot) -> dict[str, set[str]]:
 def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
     """Rules 1-4 of the module docstring: who may move and under which reason."""
     pending = {w.id for w in snapshot.pending}
-    leaving = leaving_workloads(snapshot)
-    healthy = {c.name for c in snapshot.clusters if c.healthy}
-    by_name = {c.name: c for c in snapshot.clusters}
-    resolver: RttResolver | None = None
-    out: list[_Ask] = []
+    may_move: list[tuple[Placement, Workload]] = []
     for p in snapshot.running:
         w = snapshot.workloads.get(p.workload_id)
         if w is None or w.id in pending or w.spec.spread is not None \
                 or w.spec.replica_weights or not p.assignments:
             continue
+        may_move.append((p, w))
+    if not may_move:  # e.g. only the batch's partly placed workloads: skip the node scan
+        return []
+    leaving = leaving_workloads(snapshot)
+    healthy = {c.name for c in snapshot.clusters if c.healthy}
+    by_name = {c.name: c for c in snapshot.clusters}
+    resolver: RttResolver | None = None
+    out: list[_Ask] = []
+    for p, w in may_move:
         here = {a.cluster for a in p.assignments}
         if w.id in leaving:
             out.append(_Ask(p, w, "node-loss", avoid=frozenset(leaving[w.id])))
