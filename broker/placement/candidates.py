@@ -355,13 +355,13 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
     longest = np.where(feasible, hours[:, None], 0.0).max(axis=0) if len(wls) else \
         np.zeros(len(options))
-    out = np.zeros(len(options))
-    for j, o in enumerate(options):
-        if o.pool.pricing == PricingModel.EDGE or o.cluster.is_edge:
-            continue
-        billing_h = BILLING_MIN_S.get(o.cluster.provider, DEFAULT_BILLING_MIN_S) / 3600.0
-        span_h = max(billing_h, min(service_horizon_h, float(longest[j])))
-        out[j] = o.pool.price_usd_per_hour * (max(0.0, node_boot_s) / 3600.0 + span_h)
+    fixed = np.array([o.pool.pricing == PricingModel.EDGE or o.cluster.is_edge
+                      for o in options], dtype=bool)
+    billing_h = np.array([BILLING_MIN_S.get(o.cluster.provider, DEFAULT_BILLING_MIN_S)
+                          for o in options], dtype=np.float64) / 3600.0
+    price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
+    span_h = np.maximum(billing_h, np.minimum(service_horizon_h, longest))
+    out: FloatArray = np.where(fixed, 0.0, price * (max(0.0, node_boot_s) / 3600.0 + span_h))
     return out
 
 

@@ -174,8 +174,10 @@ def _lp_nodes(p: Pool, rule: _LpRule, max_nodes: int,
     """
     if threshold <= 0:
         return ()
-    cands = [n for n in p.node_states if rule.worth_draining(n, p) and _usable(n)
-             and _busy(n, p) and utilization(n, p) < threshold]
+    movable = rule.movable
+    cands = [n for n in p.node_states if n.workloads and movable.issuperset(n.workloads)
+             and rule.worth_draining(n, p) and _usable(n) and _busy(n, p)
+             and utilization(n, p) < threshold]
     if not cands:
         return ()
     usable = [n for n in p.node_states if _usable(n)]

@@ -48,16 +48,19 @@ class Rows:
 def node_bounds(cs: CandidateSet, used_opts: IntArray) -> FloatArray:
     """n_o <= min(can_add, floor(quota / node size)): valid for integer n, and it keeps
     the relaxation from buying a fraction of a node the quota cannot fit whole."""
-    node = cs.option_node()
-    out = np.zeros(used_opts.size)
-    for k, o in enumerate(used_opts):
-        opt = cs.options[int(o)]
-        quota = cs.quota_left(opt.cluster.name)
-        bound = float(opt.pool.can_add_nodes)
-        for left, dim in ((quota[0], 0), (quota[1], 2)):
-            if left is not None and node[int(o), dim] > 0:
-                bound = min(bound, math.floor(left / node[int(o), dim] + 1e-9))
-        out[k] = max(0.0, bound)
+    used = np.asarray(used_opts, dtype=np.int64)
+    node = cs.option_node()[used]
+    bound = cs.table.can_add[used].astype(np.float64)
+    left = np.array([[np.inf if q is None else q for q in cs.quota_left(o.cluster.name)]
+                     for o in (cs.options[int(k)] for k in used)],
+                    dtype=np.float64).reshape(-1, 2)  # inf: no quota
+    for col, dim in ((0, 0), (1, 2)):
+        per = node[:, dim]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            by_quota = np.floor(left[:, col] / np.where(per > 0, per, 1.0) + 1e-9)
+        bound = np.where((per > 0) & np.isfinite(left[:, col]),
+                         np.minimum(bound, by_quota), bound)
+    out: FloatArray = np.maximum(0.0, bound)
     return out
 
 
@@ -73,11 +76,8 @@ def fit_bounds(cs: CandidateSet, x_w: IntArray, x_o: IntArray, used_opts: IntArr
     hv = cs.headroom_vec()
     node = cs.option_node()
     most = np.zeros((len(cs.options), 3))
-    for k, o in enumerate(used_opts):
-        pool = cs.options[int(o)].pool
-        free = np.array([max(0.0, pool.free.cpu), max(0.0, pool.free.memory_gib),
-                         max(0.0, float(pool.free.gpu))])
-        most[int(o)] = hv * (free + node_hi[k] * node[int(o)])
+    used = np.asarray(used_opts, dtype=np.int64)
+    most[used] = hv * (np.maximum(cs.table.free[used], 0.0) + node_hi[:, None] * node[used])
     d = cs.demand[x_w]
     with np.errstate(divide="ignore", invalid="ignore"):
         exact = np.where(d > 0, most[x_o] / np.where(d > 0, d, 1.0), np.inf).min(axis=1)
@@ -102,14 +102,15 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
     has = ~(node[used] <= 0)  # (option k, resource r): a row
     row_of = np.full(has.shape, -1, dtype=np.int64)
     row_of[has] = len(rows.lo) + np.arange(int(has.sum()), dtype=np.int64)
-    for k, r in zip(*np.nonzero(has), strict=True):
-        o = int(used[k])
-        free = cs.options[o].pool.free
-        rhs = (free.cpu, free.memory_gib, float(free.gpu))[r]
-        out[(o, int(r))] = int(row_of[k, r])
-        rows.lo.append(-math.inf)
-        rows.hi.append(hv[r] * max(0.0, rhs))
-        rows.names.append(("capacity", f"{cs.options[o].key}:{RESOURCES[r]}"))
+    kk, rr = np.nonzero(has)  # the rows, option by option
+    opt_k = used[kk]
+    out.update(zip(zip(opt_k.tolist(), rr.tolist(), strict=True),
+                   row_of[kk, rr].tolist(), strict=True))
+    rows.lo.extend([-math.inf] * kk.size)
+    rows.hi.extend((hv[rr] * np.maximum(0.0, cs.table.free[opt_k, rr])).tolist())
+    keys = {int(o): cs.options[int(o)].key for o in np.unique(opt_k)}
+    rows.names.extend(("capacity", f"{keys[o]}:{RESOURCES[r]}")
+                      for o, r in zip(opt_k.tolist(), rr.tolist(), strict=True))
     k_of = np.full(len(cs.options), -1, dtype=np.int64)
     k_of[used] = np.arange(used.size, dtype=np.int64)
     cols = np.flatnonzero(k_of[x_o] >= 0)  # x columns on a used option
@@ -119,7 +120,7 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
         rows.r.append(row_of[ks[on], r])
         rows.c.append(cols[on].astype(np.int64))
         rows.v.append(np.asarray(cs.demand[x_w[cols[on]], r], dtype=np.float64))
-    kk, rr = np.nonzero(has)  # - h[r] node[o,r] n_o of each row
+    # - h[r] node[o,r] n_o of each row
     rows.r.append(row_of[kk, rr])
     rows.c.append(np.array([n_col_of[int(used[k])] for k in kk], dtype=np.int64))
     rows.v.append(np.asarray(-hv[rr] * node[used[kk], rr], dtype=np.float64))
