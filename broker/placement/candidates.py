@@ -128,7 +128,8 @@ class OptionTable:
 
     `node`: O x 3 allocatable per node (cpu, memory_gib, gpu); `free`: O x 3 free now
     (`Pool.free`, not clipped: it is negative on an over-committed pool); `can_add`: O,
-    nodes the pool may still add; `quota`: cluster name -> `quota_headrooms`. The arrays are
+    nodes the pool may still add; `quota`: cluster name -> `quota_headrooms`, and
+    `option_quota` the same per option (O x 2: vCPU, GPU; inf = no quota). The arrays are
     read-only, so one table is shared by every Ledger and model built on the set.
     """
 
@@ -136,6 +137,7 @@ class OptionTable:
     free: FloatArray
     can_add: IntArray
     quota: Mapping[str, tuple[float | None, float | None]]
+    option_quota: FloatArray
 
 
 def option_table(options: Sequence[Option]) -> OptionTable:
@@ -144,9 +146,14 @@ def option_table(options: Sequence[Option]) -> OptionTable:
     free = np.array([[f.cpu, f.memory_gib, float(f.gpu)] for f in (o.pool.free for o in options)],
                     dtype=np.float64).reshape(-1, 3)
     can_add = np.array([o.pool.can_add_nodes for o in options], dtype=np.int64)
-    for a in (node, free, can_add):
+    quota = quota_headrooms(options)
+    by_cluster = {name: [np.inf if v is None else v for v in left]
+                  for name, left in quota.items()}
+    option_quota = np.array([by_cluster[o.cluster.name] for o in options],
+                            dtype=np.float64).reshape(-1, 2)
+    for a in (node, free, can_add, option_quota):
         a.flags.writeable = False
-    return OptionTable(node, free, can_add, MappingProxyType(quota_headrooms(options)))
+    return OptionTable(node, free, can_add, MappingProxyType(quota), option_quota)
 
 
 _NO_SETS: Mapping[tuple[int, GpuClass], tuple[int, int]] = MappingProxyType({})

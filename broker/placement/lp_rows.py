@@ -51,9 +51,7 @@ def node_bounds(cs: CandidateSet, used_opts: IntArray) -> FloatArray:
     used = np.asarray(used_opts, dtype=np.int64)
     node = cs.option_node()[used]
     bound = cs.table.can_add[used].astype(np.float64)
-    left = np.array([[np.inf if q is None else q for q in cs.quota_left(o.cluster.name)]
-                     for o in (cs.options[int(k)] for k in used)],
-                    dtype=np.float64).reshape(-1, 2)  # inf: no quota
+    left = cs.table.option_quota[used]  # inf: no quota
     for col, dim in ((0, 0), (1, 2)):
         per = node[:, dim]
         with np.errstate(divide="ignore", invalid="ignore"):
