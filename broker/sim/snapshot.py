@@ -163,30 +163,29 @@ def pool_observation(c: SimCluster, p: SimPool, pool: Pool, now: float, *,
 def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: bool
                 ) -> tuple[list[ObservedNode], list[NodeState]]:
     """`observed_nodes` and each one's `node_state`; a node whose every observed value is as
-    at the pool's last reading reuses what was made of it then (`SimPool.node_memo`)."""
-    memo = p.node_memo if reuse else {}
-    fresh: dict[NodeKey, tuple[ObservedNode, NodeState]] = {}
-    nodes: list[ObservedNode] = []
-    states: list[NodeState] = []
+    at the pool's last reading, at the same index (its name), reuses what was made of it
+    then (`SimPool.node_memo`, one entry per index: a compare, no hashing per node)."""
+    memo = p.node_memo if reuse else []
+    kept = len(memo)
+    fresh: list[tuple[NodeKey, ObservedNode, NodeState]] = []
+    keep = fresh.append
     gpus, itype, prefix = p.node.gpu, p.spec.instance_type, f"{c.name}/{p.name}/"
     for i, n in enumerate(p.node_list):
         up = n.ready_at <= now
         key = (i, up, n.used_cpu, n.used_mem, n.gpu_free, n.idle_since, n.prewarmed,
                n.underused_since)
-        got = memo.get(key)
-        if got is None:
-            on = ObservedNode(
-                name=prefix + str(i), pool=p.name, allocatable=p.node,
-                allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
-                instance_type=itype, ready=up, ever_ready=up,
-                idle_since_s=n.idle_since, prewarmed=n.prewarmed,
-                underused_since_s=n.underused_since)
-            got = (on, node_state(pool, on))
-        fresh[key] = got
-        nodes.append(got[0])
-        states.append(got[1])
+        if i < kept and (got := memo[i])[0] == key:
+            keep(got)
+            continue
+        on = ObservedNode(
+            name=prefix + str(i), pool=p.name, allocatable=p.node,
+            allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
+            instance_type=itype, ready=up, ever_ready=up,
+            idle_since_s=n.idle_since, prewarmed=n.prewarmed,
+            underused_since_s=n.underused_since)
+        keep((key, on, node_state(pool, on)))
     p.node_memo = fresh
-    return nodes, states
+    return [f[1] for f in fresh], [f[2] for f in fresh]
 
 
 def replica_counts(states: Iterable[WorkloadState]) -> dict[Pair, tuple[int, int]]:

@@ -72,9 +72,9 @@ class SimPool:
     # The snapshot's reading of the nodes: (version, valid until (a booting node's ready_at),
     # the reading); sim/snapshot.py owns it.
     observed: tuple[int, float, PoolObservation] | None = None
-    # Each node's last observed values -> what the snapshot made of them (sim/snapshot.py).
-    node_memo: dict[NodeKey, tuple[ObservedNode, NodeState]] = field(
-        default_factory=dict)
+    # Per node index: its last observed values and what the snapshot made of them
+    # (sim/snapshot.py).
+    node_memo: list[tuple[NodeKey, ObservedNode, NodeState]] = field(default_factory=list)
     gpus_used: tuple[int, int] = (-1, 0)  # (version, GPUs in use then): `used_gpu`'s cache
     # (version, valid until) after the last idle-timer pass (sim/applying.py observe_idle).
     idle_seen: tuple[int, float] = (-1, -math.inf)
