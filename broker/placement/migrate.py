@@ -253,16 +253,18 @@ class _Room:
                  ) -> None:
         self.cs = cs
         head = cs.headroom_vec()
+        self.head = head
         self.node = cs.option_node()
-        self.free = np.zeros((len(cs.options), 3))
-        self.can_add = np.zeros(len(cs.options), dtype=np.int64)
-        for o in cs.options:
+        cap = np.array([[o.pool.provisioned.cpu, o.pool.provisioned.memory_gib,
+                         o.pool.provisioned.gpu] for o in cs.options],
+                       dtype=np.float64).reshape(-1, 3)
+        used = []
+        for o in cs.options:  # in option order (o.index)
             p = o.pool
-            used = placed.get((o.cluster.name, p.name), (0.0, 0.0, 0))
-            cap = np.array([p.provisioned.cpu, p.provisioned.memory_gib, p.provisioned.gpu])
-            self.free[o.index] = cap * head - np.array(
-                [p.used.cpu + used[0], p.used.memory_gib + used[1], p.used.gpu + used[2]])
-            self.can_add[o.index] = p.can_add_nodes
+            add = placed.get((o.cluster.name, p.name), (0.0, 0.0, 0))
+            used.append([p.used.cpu + add[0], p.used.memory_gib + add[1], p.used.gpu + add[2]])
+        self.free = cap * head - np.array(used, dtype=np.float64).reshape(-1, 3)
+        self.can_add = cs.table.can_add.copy()
 
     def take(self, w: int, o: int, replicas: int, *, dry: bool = False) -> int | None:
         """Reserve `replicas` of workload `w` on option `o`: the nodes to add, None if no room
@@ -271,8 +273,8 @@ class _Room:
         short = need - self.free[o]
         add = 0
         for r in range(3):
-            per = self.node[o, r] * (self.cs.headroom_vec()[r])
             if short[r] > 1e-9:
+                per = self.node[o, r] * self.head[r]
                 if per <= 0:
                     return None
                 add = max(add, math.ceil(short[r] / per - 1e-9))
@@ -280,6 +282,6 @@ class _Room:
             return None
         if dry:
             return add
-        self.free[o] += add * self.node[o] * self.cs.headroom_vec() - need
+        self.free[o] += add * self.node[o] * self.head - need
         self.can_add[o] -= add
         return add
