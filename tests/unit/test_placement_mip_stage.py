@@ -29,8 +29,9 @@ def _ejection_world() -> tuple[Cluster, ...]:
     )
 
 
-def test_neighbourhood_mip_moves_only_the_free_workloads() -> None:
-    # "free" took the only node "pinned" may use; "pinned" is left unplaced.
+def _stranded() -> tuple[lp.Model, np.ndarray, np.ndarray, Ledger]:
+    """The ejection world's model, its penalties and a start where "free" took the only
+    node "pinned" may use (so "pinned" is unplaced), as columns and as a ledger."""
     snap = snapshot((workload("pinned", cpu=8, mem=8, affinity={"zone": "a"}),
                      workload("free", cpu=8, mem=8)), clusters=_ejection_world())
     cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
@@ -38,7 +39,12 @@ def test_neighbourhood_mip_moves_only_the_free_workloads() -> None:
     model = lp.build(cs, pen, {})
     stranded = Ledger(cs, snap)
     stranded.add(1, 0, 1)
-    start = rounding.to_columns(stranded, model)
+    return model, pen, rounding.to_columns(stranded, model), stranded
+
+
+def test_neighbourhood_mip_moves_only_the_free_workloads() -> None:
+    # "free" took the only node "pinned" may use; "pinned" is left unplaced.
+    model, pen, start, stranded = _stranded()
     both = lp.solve_mip(lp.fix_outside(model, start, np.array([0, 1])), start,
                         time_limit_s=10.0, mip_gap=0.0)
     only_pinned = lp.solve_mip(lp.fix_outside(model, start, np.array([0])), start,
@@ -56,14 +62,7 @@ def test_neighbourhood_mip_moves_only_the_free_workloads() -> None:
 def test_substituting_the_fixed_columns_out_gives_the_same_neighbourhood_mip() -> None:
     # HiGHS gets only the free columns (the fixed ones folded into the row bounds); the
     # answer comes back for the whole model, equal to the one with every column passed.
-    snap = snapshot((workload("pinned", cpu=8, mem=8, affinity={"zone": "a"}),
-                     workload("free", cpu=8, mem=8)), clusters=_ejection_world())
-    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
-    pen = penalties(cs, 1000.0)
-    model = lp.build(cs, pen, {})
-    stranded = Ledger(cs, snap)
-    stranded.add(1, 0, 1)
-    start = rounding.to_columns(stranded, model)
+    model, _, start, _ = _stranded()
     for free_w in (np.array([0, 1]), np.array([0])):
         sub = lp.fix_outside(model, start, free_w)
         plain = lp.solve_mip(sub, start, time_limit_s=10.0, mip_gap=0.0)
