@@ -59,6 +59,7 @@ from broker.domain import (
 )
 from broker.placement.feasibility import (
     GpuClass,
+    domain_key,
     family_masks,
     free_gpu_sets,
     gpu_class,
@@ -243,11 +244,6 @@ def egress_usd_per_gb(snapshot: FederationSnapshot, clusters: Mapping[str, Clust
     if src_provider == dst.provider:
         return EGRESS_SAME_PROVIDER_USD_PER_GB
     return EGRESS_INTERNET_USD_PER_GB
-
-
-def domain_key(cluster: Cluster, topology: str) -> str:
-    """Spread domain of a cluster: the cluster itself (cluster/zone) or its region."""
-    return cluster.region_key if topology == "region" else cluster.name
 
 
 def build_options(snapshot: FederationSnapshot) -> tuple[Option, ...]:

@@ -339,7 +339,10 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
     (placement/queueing.py, the twin's model). The broker knows a service's replica count,
     not its request rate, so the load is what the asked replicas were sized for (the
     target-utilisation assumption of queueing.py). Against the best RTT among the healthy
-    clusters the tenant may use, `queueing.replicas_for_slack` gives the fewest replicas
+    clusters the tenant may use (with a spread over k domains, the RTT of the k-th closest
+    domain: sized for the best only, the farther domains the spread needs could fall out
+    although RTT alone admitted them, and the service stay unplaced),
+    `queueing.replicas_for_slack` gives the fewest replicas
     n >= asked at which even one replica alone in a cluster waits within the slack; the
     service is planned with n replicas and `slo_utilization` = TARGET x asked / n, and
     `_latency_mask` admits only clusters where RTT + that wait fits, so any split of the
@@ -356,12 +359,14 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
                 or spec.user_region is None or spec.replica_weights or spec.replicas <= 0):
             out.append(w)
             continue
-        rtts = [r for c in snapshot.clusters
-                if c.healthy and may_use(w.tenant, c)
-                and (not spec.cluster_names or c.name in spec.cluster_names)
-                and (r := resolver.rtt_ms(spec.user_region, c)) is not None]
-        n = queueing.replicas_for_slack(spec.replicas, spec.latency_slo_ms - min(rtts)) \
-            if rtts else None
+        rtts = sorted((r, domain_key(c, spec.spread.topology if spec.spread else "cluster"))
+                      for c in snapshot.clusters
+                      if c.healthy and may_use(w.tenant, c)
+                      and (not spec.cluster_names or c.name in spec.cluster_names)
+                      and (r := resolver.rtt_ms(spec.user_region, c)) is not None)
+        sizing_rtt = _nth_domain_rtt(rtts, spec.spread.min_domains if spec.spread else 1)
+        n = queueing.replicas_for_slack(spec.replicas, spec.latency_slo_ms - sizing_rtt) \
+            if sizing_rtt is not None else None
         if n is None:
             out.append(w)
             continue
@@ -371,6 +376,23 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
         if n > spec.replicas:
             extra[w.id] = n - spec.replicas
     return tuple(out), extra
+
+
+def domain_key(cluster: Cluster, topology: str) -> str:
+    """Spread domain of a cluster: the cluster itself (cluster/zone) or its region."""
+    return cluster.region_key if topology == "region" else cluster.name
+
+
+def _nth_domain_rtt(rtts: Sequence[tuple[float, str]], need: int) -> float | None:
+    """The RTT at which `need` spread domains are reached, walking `rtts` (sorted (RTT,
+    domain) pairs) from the closest; with fewer domains than `need`, the closest RTT (the
+    spread cannot be met anyway); None when there is no cluster at all."""
+    seen: set[str] = set()
+    for r, d in rtts:
+        seen.add(d)
+        if len(seen) >= need:
+            return r
+    return rtts[0][0] if rtts else None
 
 
 def _avoid_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],

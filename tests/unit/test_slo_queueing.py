@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from broker.domain import PolicyAction, Spread
 from broker.placement import queueing
-from broker.placement.planner import SLO_QUEUEING_POLICIES
+from broker.placement.network import RttResolver
+from broker.placement.planner import SLO_QUEUEING_POLICIES, PlannerConfig, plan_epoch
 from providers.geo import RTT_FLOOR_MS
+from tests.unit.placement_world import snapshot, workload
 from tests.unit.test_twin_engine import run, scenario
 
 USER = (40.0, -75.0)
@@ -89,9 +92,6 @@ def test_a_loose_slo_adds_no_replicas_and_keeps_the_cheaper_site() -> None:
 
 def test_the_plan_records_the_replicas_it_adds_and_the_baselines_add_none() -> None:
     from broker.domain import PolicyAction
-    from broker.placement.planner import PlannerConfig, plan_epoch
-    from tests.unit.placement_world import snapshot, workload
-
     cfg = PlannerConfig(explain=False, time_limit_s=2.0)
     # nyc users: edge-nyc at the 8.48 ms floor, aws-use1 at ~15 ms (placement_world).
     tight = snapshot((workload("web", user_region="nyc", latency_slo_ms=10),))
@@ -148,3 +148,31 @@ def test_whatif_compares_against_the_sized_plan() -> None:
     assert out["before"]["placed"] == 3
     assert out["before"]["clusters"] == ["edge-nyc"]
     assert out["after"]["placed"] == 0
+
+
+def test_a_spread_service_is_sized_for_the_domains_it_needs() -> None:
+    # nyc: edge-nyc 8.5 ms, aws-use1 15.1 (azure-eus is tainted, gcp far); SLO 19 ms, 3
+    # replicas over at least 2 clusters. RTT alone admits both. Sized for the closest site
+    # only (3 replicas, 5 ms wait), aws-use1 (15.1 + 5 > 19) fell out, the spread could not
+    # be met and 2 of the 3 replicas stayed unplaced. Sized for the second-closest domain,
+    # every replica is placed and serves inside the SLO.
+    from broker.placement.planner import PlannerConfig, plan_epoch
+    from tests.unit.placement_world import snapshot, workload
+
+    snap = snapshot((workload("web", replicas=3, user_region="nyc", latency_slo_ms=19,
+                              spread=Spread(min_domains=2)),))
+    plan = plan_epoch(snap, PolicyAction(), PlannerConfig(time_limit_s=2.0))
+    assert not plan.unplaced
+    (p,) = plan.placements
+    n = 3 + plan.slo_extra_replicas.get("web", 0)
+    assert n > 3
+    assert p.placed_replicas == n
+    chosen = {a.cluster for a in p.assignments}
+    assert chosen == {"edge-nyc", "aws-use1"}
+    wait = queueing.queue_wait_ms(1, queueing.offered_load(3) / n)
+    resolver = RttResolver(snap)
+    for c in snap.clusters:
+        if c.name in chosen:
+            rtt = resolver.rtt_ms("nyc", c)
+            assert rtt is not None
+            assert rtt + wait <= 19.0
