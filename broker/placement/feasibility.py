@@ -43,6 +43,7 @@ from broker.domain import (
     Toleration,
     Workload,
     WorkloadKind,
+    WorkloadSpec,
 )
 from broker.placement import queueing, topology
 from broker.placement.network import RttResolver
@@ -320,15 +321,14 @@ def _latency_mask(wls: Sequence[Workload], rtt: FloatArray) -> BoolArray:
     return mask
 
 
-def with_slo_utilization(w: Workload, running: int) -> Workload:
-    """A running latency-SLO service as the SLO-aware latency mask judges a move of it: its
-    spec's replicas' load (queueing.offered_load) spread over the `running` ones."""
-    spec = w.spec
+def running_slo_utilization(spec: WorkloadSpec, running: int) -> float | None:
+    """The `slo_utilization` the SLO-aware latency mask judges a move of a running
+    latency-SLO service at: its spec's replicas' load (queueing.offered_load) spread over
+    the `running` ones; None when the spec is not such a service or already carries one."""
     if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
             or spec.slo_utilization is not None or running <= 0):
-        return w
-    util = queueing.offered_load(spec.replicas) / running
-    return dataclasses.replace(w, spec=dataclasses.replace(spec, slo_utilization=util))
+        return None
+    return queueing.offered_load(spec.replicas) / running
 
 
 def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]

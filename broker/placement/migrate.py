@@ -31,7 +31,7 @@ in this order of precedence:
 The target is one (cluster, pool) option, not among S, feasible for every hard constraint
 (candidates.py's masks; with `slo_queueing`, planner.SLO_QUEUEING_POLICIES, the latency mask
 of a service without `slo_utilization` counts the wait of one replica at the load its spec's
-replicas ask for, spread over the r running ones: feasibility.with_slo_utilization) with
+replicas ask for, spread over the r running ones: feasibility.running_slo_utilization) with
 room for all r replicas in its free capacity under the policy's headroom after this epoch's
 placements and earlier moves (or nodes the pool can still add: `Assignment.new_nodes`; never
 for "better": a node bought to save part of a node's price is not a saving); the cheapest
@@ -60,7 +60,7 @@ from broker.domain import (
 )
 from broker.placement.candidates import CandidateSet, build_candidates
 from broker.placement.decisions import DecisionConfig
-from broker.placement.feasibility import with_slo_utilization
+from broker.placement.feasibility import running_slo_utilization
 from broker.placement.kinds import Migration
 from broker.placement.network import RttResolver
 
@@ -131,6 +131,18 @@ def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
     return [a for a in out if a.reason in reasons]
 
 
+def _as_running(w: Workload, running: int, slo_queueing: bool) -> Workload:
+    """A running workload as the move rules judge it: its running replica count and, with
+    `slo_queueing`, the per-replica load of feasibility.running_slo_utilization (computed
+    from the spec's asked replicas); one copy of the spec, none when nothing changes."""
+    changes: dict[str, object] = {}
+    if w.spec.replicas != running:
+        changes["replicas"] = running
+    if slo_queueing and (util := running_slo_utilization(w.spec, running)) is not None:
+        changes["slo_utilization"] = util
+    return replace(w, spec=replace(w.spec, **changes)) if changes else w  # type: ignore[arg-type]
+
+
 def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: DecisionConfig, *,
                k: int, service_horizon_h: float, site_cost_fraction: float,
                placed: Mapping[Pair, tuple[float, float, int]],
@@ -142,11 +154,7 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     asks = _asks(snapshot, reasons)
     if not asks:
         return ()
-    wls = [with_slo_utilization(a.workload, a.placement.placed_replicas) if slo_queueing
-           else a.workload for a in asks]
-    wls = [w if w.spec.replicas == a.placement.placed_replicas
-           else replace(w, spec=replace(w.spec, replicas=a.placement.placed_replicas))
-           for w, a in zip(wls, asks, strict=True)]
+    wls = [_as_running(a.workload, a.placement.placed_replicas, slo_queueing) for a in asks]
     cs = build_candidates(snapshot, action, k=k, service_horizon_h=service_horizon_h,
                           workloads=wls, site_cost_fraction=site_cost_fraction, columns=False)
     if not cs.options:
