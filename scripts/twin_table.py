@@ -18,7 +18,7 @@ from pathlib import Path
 
 METRICS = ("cost_usd", "utilization_cpu", "utilization_gpu", "gpu_util_std", "speedup_8gpu",
            "gpu_job_start_s_p50", "scale_out_response_s_p50", "slo_violation_frac",
-           "cross_zone_traffic_frac", "unplaced")
+           "cross_zone_traffic_frac", "queued_replica_h", "unplaced")
 
 
 def _cell(value: object, ci: object) -> str:
@@ -72,9 +72,9 @@ def main() -> int:
         policies = d["policies"]
         if not isinstance(policies, dict):
             continue
-        for name in ("lp", "karpenter", "greedy"):
+        for name in ("lp+rl", "lp", "karpenter", "greedy"):
             wins = policies.get(name, {}).get("better_than", {})
-            rivals = {k: [p for p in v if p in ("lp", "karpenter", "greedy") and p != name]
+            rivals = {k: [p for p in v if p != name]
                       for k, v in wins.items()}
             rivals = {k: v for k, v in rivals.items() if v}
             if rivals:

@@ -263,6 +263,7 @@ class Engine:
         self.workloads[ev.id] = ws
         self.unfinished[ev.id] = ws
         self.pending[ev.id] = None
+        self.metrics.service_changed(ws)  # asked-for replicas count from now (metrics.py)
         self._version += 1
 
     def _scale(self, wid: str, replicas: int) -> None:
@@ -277,6 +278,7 @@ class Engine:
             ws.scale_requests.append((self.now, replicas))
             ws.tries = 0
             self.pending[wid] = None
+            self.metrics.service_changed(ws)
             self._version += 1
             return
         remove = -delta

@@ -26,12 +26,20 @@ Formulas (also in docs/twin.md):
   paid, so packing work onto fewer GPUs and releasing the rest never scores worse.
 - speedup_8gpu: mean sim/training.py speedup of the 8-GPU jobs as they ran (where their GPUs
   were: one node's topology, or several nodes over RDMA/TCP, zones, clusters).
-- slo_violation_frac = integral(violating replica-s) / integral(target replica-s) over services
-  with a latency SLO: target = min(desired, most replicas ever running); violating = target
-  minus replicas running in clusters where RTT(user_region, cluster) + the M/M/c waiting time
-  (placement/queueing.py, offered load from the desired replica count) <= SLO. (Initial
-  start-up is scale-out response, not an SLO violation; losing served replicas to a
-  failure, serving out of SLO, or running too few replicas for the load is.)
+- slo_violation_frac = integral(violating replica-s) / integral(target replica-s) over every
+  service from its submission until it ends: target = the replicas it asks for now (desired);
+  violating = target minus the replicas that serve it: running replicas, and for a service
+  with a latency SLO only those in clusters where RTT(user_region, cluster) + the M/M/c
+  waiting time (placement/queueing.py, offered load from the desired replica count) <= SLO.
+  SCENARIO.md: "fewer ready replicas than it asked for" is a violation, so replicas never
+  placed count from the moment they were asked for (start-up, a scale-out that boots, work
+  a policy leaves unplaced), as do replicas lost to a failure or serving out of SLO. Before
+  2026-12-01 only latency-SLO services counted, with target = min(desired, most replicas
+  ever running), so a service a policy never placed counted nothing: on federation-day the
+  seed's greedy left 56 % of the first epoch's replicas (services too large for one pool)
+  unplaced for hours and looked 30 % cheaper than lp while serving a third less.
+- queued_replica_h = integral(replicas waiting for placement) / 3600, jobs and services alike:
+  work a policy has not started, which cost_usd does not see.
 - unplaced: workloads with replicas still pending at the horizon.
 - decision_ms_p99: wall-clock ms of the planner call (plus observe + forward pass for lp+rl
   in the epochs where the policy decides).
@@ -53,7 +61,8 @@ if TYPE_CHECKING:
 METRIC_KEYS = (
     "utilization_cpu", "utilization_gpu", "cost_usd", "scale_out_response_s_p50",
     "scale_out_response_s_p95", "cross_zone_traffic_frac", "gpu_job_start_s_p50",
-    "gpu_util_std", "speedup_8gpu", "slo_violation_frac", "unplaced", "decision_ms_p99",
+    "gpu_util_std", "speedup_8gpu", "slo_violation_frac", "unplaced", "queued_replica_h",
+    "decision_ms_p99",
 )
 
 
@@ -155,11 +164,12 @@ class Metrics:
         running = [g for g in ws.groups if g.running] if not ws.finished else []
         ws.traffic_rate, ws.xz_rate = self._service_traffic(ws, running)
         ws.slo_target = ws.slo_violation = 0.0
-        slo = ws.ev.latency_slo_ms
-        if slo is not None and ws.ev.user_region and not ws.finished:
-            target = min(ws.desired, ws.max_running)
-            ws.slo_target = float(target)
-            ws.slo_violation = float(max(0, target - self._served_in_slo(ws, running, slo)))
+        if not ws.finished:
+            slo = ws.ev.latency_slo_ms
+            served = self._served_in_slo(ws, running, slo) \
+                if slo is not None and ws.ev.user_region else sum(g.count for g in running)
+            ws.slo_target = float(ws.desired)
+            ws.slo_violation = float(max(0, ws.desired - served))
         self.traffic_rate += ws.traffic_rate
         self.xz_rate += ws.xz_rate
         self.slo_target += ws.slo_target
@@ -278,5 +288,6 @@ class Metrics:
             "slo_violation_frac": rnd(self.slo_violation_s / self.slo_target_s
                                       if self.slo_target_s else 0.0, 5),
             "unplaced": unplaced,
+            "queued_replica_h": round(self.queue_replica_s / 3600.0, 2),
             "decision_ms_p99": rnd(physics.percentile(self.decision_ms, 99), 2),
         }

@@ -164,3 +164,32 @@ def test_karpenter_and_cluster_autoscaler_drain_under_used_nodes_lp_does_not() -
     assert nodes["karpenter"] == (1, 1)
     assert nodes["traditional"] == (1, 1)
     assert nodes["lp"] == (2, 0)
+
+
+def test_a_service_left_unplaced_violates_from_the_moment_it_asked() -> None:
+    # Issue 11's honest yardstick (found on federation-day, 2026-12-01): a policy that leaves a
+    # service unplaced must not look cheap for free. One service asks for 10 one-vCPU replicas
+    # and no latency SLO; each of two clusters can grow to 2 nodes of 4 vCPU (7 replicas at the
+    # 0.9 headroom). The seed's greedy places all replicas on one option or none, so it never
+    # runs: every asked replica-second is short (the old metric counted only latency-SLO
+    # services, and only up to the most replicas ever running, so this scored 0). lp splits it
+    # over the two clusters and is short only while the nodes boot.
+    d = doc(nodes=0, max_nodes=2, horizon_s=3600.0)
+    d["clusters"].append({"name": "c2", "provider": "aws", "region": "r1", "zones": ["r1a"],
+                          "pools": [{"instance_type": "cpu4", "nodes": 0, "max_nodes": 2}]})
+    scn = scenario(d, "s,0,service,10,1,1,0,,,,0,,0\n")
+    greedy, g_eng = run(scn, "greedy")
+    lp, l_eng = run(scn, "lp")
+    assert g_eng.workloads["s"].running == 0
+    assert greedy["unplaced"] == 1
+    assert greedy["slo_violation_frac"] == pytest.approx(1.0)
+    assert greedy["queued_replica_h"] == pytest.approx(10.0, abs=0.01)  # 10 replicas for 1 h
+    assert greedy["cost_usd"] == 0.0  # it paid nothing: cost alone would call it the winner
+    assert l_eng.workloads["s"].running == 10
+    assert {g.cluster for g in l_eng.workloads["s"].groups} == {"c1", "c2"}
+    frac = lp["slo_violation_frac"]
+    assert isinstance(frac, float)
+    assert 0.0 < frac < 0.1  # the boot (100 s of provision_delay_s) and the pod start
+    queued = lp["queued_replica_h"]
+    assert isinstance(queued, float)
+    assert queued < 0.1  # placed in the first epoch; booting replicas are not queued
