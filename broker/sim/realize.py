@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 from broker.domain import Resources
 from broker.placement.durations import DurationPredictor, FinishedJob, mape, size_class
-from broker.sim.scenario import Realization, Scenario, TraceEvent
+from broker.sim.scenario import FaultSpec, Realization, Scenario, TraceEvent
 
 ARRIVAL_JITTER = "arrival_jitter"
 DURATION_NOISE = "duration_noise"
 SPOT_HAZARD = "spot_hazard"  # spot reclaims as a per-pool hazard (sim/hazard.py)
-FAULT_TIMING = "fault_timing"  # reserved: jitter of scripted fault times (issue 11, item 3)
+FAULT_TIMING = "fault_timing"  # jitter of the scripted [[faults]] start times
 STREAMS = (ARRIVAL_JITTER, DURATION_NOISE, SPOT_HAZARD, FAULT_TIMING)
 JOB_KINDS = frozenset({"batch", "train"})
 
@@ -63,9 +63,11 @@ class TwinNoise:
     duration_sigma: float = 0.1
     # Spot reclaims as a per-pool hazard (sim/hazard.py), drawn from the `spot_hazard` stream.
     spot_hazard: bool = True
+    # Scripted fault start times move U(-w, +w), w <= this (module docstring).
+    fault_jitter_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for name in ("arrival_jitter_s", "duration_sigma"):
+        for name in ("arrival_jitter_s", "duration_sigma", "fault_jitter_s"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
@@ -73,7 +75,8 @@ class TwinNoise:
     @classmethod
     def off(cls) -> TwinNoise:
         """The trace exactly as written (unit tests that compute expected numbers by hand)."""
-        return cls(arrival_jitter_s=0.0, duration_sigma=0.0, spot_hazard=False)
+        return cls(arrival_jitter_s=0.0, duration_sigma=0.0, spot_hazard=False,
+                   fault_jitter_s=0.0)
 
 
 def realize(scenario: Scenario, noise: TwinNoise | None = None) -> Scenario:
@@ -86,9 +89,28 @@ def realize(scenario: Scenario, noise: TwinNoise | None = None) -> Scenario:
                               noise.duration_sigma)
     events = _jitter(events, stream(scenario.seed, ARRIVAL_JITTER), noise.arrival_jitter_s)
     events, error, jobs = _predict(events)
-    return dataclasses.replace(scenario, events=events, realization=Realization(
+    faults = jitter_faults(scenario.faults, stream(scenario.seed, FAULT_TIMING),
+                           noise.fault_jitter_s, scenario.horizon_s)
+    return dataclasses.replace(scenario, events=events, faults=faults, realization=Realization(
         seed=scenario.seed, arrival_jitter_s=noise.arrival_jitter_s,
-        duration_sigma=noise.duration_sigma, duration_prediction_mape=error, jobs=jobs))
+        duration_sigma=noise.duration_sigma, duration_prediction_mape=error, jobs=jobs,
+        fault_jitter_s=noise.fault_jitter_s))
+
+
+def jitter_faults(faults: tuple[FaultSpec, ...], rng: random.Random, jitter_s: float,
+                  horizon_s: float) -> tuple[FaultSpec, ...]:
+    """Each fault's start moved within +-jitter_s (the module docstring's rule): one draw per
+    fault in order, whether it moves or not, so a fault's time depends on its place alone."""
+    if jitter_s <= 0:
+        return faults
+    out = []
+    for f in faults:
+        u = rng.random()
+        width = min(jitter_s, f.at_s, horizon_s - f.at_s)
+        if f.jitter and width > 0:
+            f = dataclasses.replace(f, at_s=f.at_s + width * (2.0 * u - 1.0))
+        out.append(f)
+    return tuple(out)
 
 
 def _jitter(events: tuple[TraceEvent, ...], rng: random.Random,

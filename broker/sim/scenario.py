@@ -15,7 +15,8 @@ Defaults for keys SCENARIO.md leaves open (documented in docs/twin.md):
 - cloud `zones`: one zone named after the region; edge/onprem: one zone, the site name;
 - `[clusters.capacity]`: `gpu = 0`, `gpu_interconnect = "pcie"`, `price_per_hour = 0`,
   `uplink_gbps = 1.0`;
-- `[[faults]]`: `duration_s` absent means until the horizon; `spot_reclaim` takes an optional
+- `[[faults]]`: `at_s` is the mean start time (a seeded run moves it within +-10 min,
+  sim/realize.py); `duration_s` absent means until the horizon; `spot_reclaim` takes an optional
   `nodes` (default 1) and `pool` (instance type; default: every spot pool of the target);
 - trace columns other than `id, submit_s, kind` may be omitted: `tenant = "default"`,
   `replicas = 1`, numbers 0, `image_gb = 0.5`, `priority = 0`.
@@ -133,6 +134,9 @@ class FaultSpec:
     quota_vcpu: float = 0.0
     nodes: int = 1
     pool: str | None = None
+    # A seeded run moves `at_s` (sim/realize.py, fault timing); False keeps it as written
+    # (a `--whatif` counterfactual, whose time the user chose). Not a scenario key.
+    jitter: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,7 @@ class Realization:
     duration_sigma: float
     duration_prediction_mape: float | None  # over the trace's batch/train jobs; None if none
     jobs: int  # batch/train events with a run time (the MAPE's sample)
+    fault_jitter_s: float = 0.0  # the scripted faults' start times moved within +-this
 
 
 @dataclass(frozen=True, slots=True)

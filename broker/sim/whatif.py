@@ -25,5 +25,7 @@ def with_whatif(scenario: Scenario, spec: str) -> Scenario:
                          "cluster=NAME:partition@T (optionally +DURATION)")
     if target not in {c.name for c in scenario.clusters}:
         raise ValueError(f"--whatif {spec!r}: no cluster named {target!r}")
-    fault = FaultSpec(at_s=at, target=target, kind=kinds[kind], duration_s=duration)
+    # At the time asked for: a seeded run does not move it (realize.py, fault timing).
+    fault = FaultSpec(at_s=at, target=target, kind=kinds[kind], duration_s=duration,
+                      jitter=False)
     return replace(scenario, faults=(*scenario.faults, fault))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -133,3 +134,74 @@ def test_streams_are_named_and_independent() -> None:
         stream(3, "weather")
     with pytest.raises(ValueError, match="duration_sigma"):
         TwinNoise(duration_sigma=math.nan)
+
+
+def _faulty(horizon_s: float = 7200.0) -> Scenario:
+    faults = [{"at_s": 1800.0, "target": "c1", "kind": "site_down", "duration_s": 300.0},
+              {"at_s": 3600.0, "target": "c1", "kind": "price_change", "factor": 2.0,
+               "duration_s": 600.0},
+              {"at_s": 100.0, "target": "c1", "kind": "partition", "duration_s": 60.0},
+              {"at_s": 9000.0, "target": "c1", "kind": "quota_cut", "quota_vcpu": 4.0}]
+    return scenario(doc(nodes=1, max_nodes=4, horizon_s=horizon_s, faults=faults),
+                    mixed_trace())
+
+
+def test_fault_times_vary_with_the_seed_within_the_bound_and_keep_durations() -> None:
+    # Issue 11 item 5: "the twin's random parts vary: spot hazard, fault timing, ...".
+    scn = _faulty()
+    runs = [realize(with_seed(scn, seed)).faults for seed in range(8)]
+    assert len({tuple(f.at_s for f in r) for r in runs}) == 8  # every seed its own times
+    for r in runs:
+        for f, written in zip(r, scn.faults, strict=True):
+            assert dataclasses.replace(f, at_s=written.at_s) == written  # only the time moves
+            width = max(0.0, min(600.0, written.at_s, scn.horizon_s - written.at_s))
+            assert abs(f.at_s - written.at_s) <= width + 1e-9
+            assert f.at_s >= 0.0
+        assert r[2].at_s != scn.faults[2].at_s
+        assert abs(r[2].at_s - 100.0) <= 100.0  # narrowed near t=0: still in [0, horizon)
+        assert r[3] == scn.faults[3]  # past the horizon: never fires, left as written
+    # The written time is the mean: the draws are symmetric about it.
+    shift = [realize(with_seed(scn, s)).faults[0].at_s - 1800.0 for s in range(400)]
+    assert statistics.fmean(shift) == pytest.approx(0.0, abs=40.0)
+    assert max(shift) > 500.0
+    assert min(shift) < -500.0
+    assert realize(with_seed(scn, 3)).faults == runs[3]  # same seed, same times
+
+
+def test_fault_timing_draws_from_its_own_stream() -> None:
+    # The other streams' draws do not move: arrivals and run times are the same with fault
+    # jitter on or off, with or without faults in the file; and a fault's draw depends on
+    # its place alone (dropping a later fault does not move an earlier one).
+    scn = _faulty()
+    on = realize(scn)
+    off = realize(scn, TwinNoise(fault_jitter_s=0.0))
+    bare = realize(dataclasses.replace(scn, faults=()))
+    assert on.events == off.events == bare.events
+    assert off.faults == scn.faults
+    first_two = realize(dataclasses.replace(scn, faults=scn.faults[:2])).faults
+    assert first_two == on.faults[:2]
+    assert realize(scn, TwinNoise.off()).faults == scn.faults  # the trace exactly
+
+
+def test_every_policy_of_a_seed_meets_the_same_fault_times() -> None:
+    # Paired comparison: the site goes down at the same (jittered) second under every policy.
+    scn = _faulty()
+    written = scn.faults[0]
+    seen = set()
+    for policy in ("traditional", "karpenter", "greedy", "lp"):
+        eng = Engine(scn, FakeCatalog(), SimConfig(policy=policy))
+        eng.run()
+        seen.add((eng.scenario.faults, eng.clusters["c1"].down_until))
+    assert len(seen) == 1
+    faults, down_until = seen.pop()
+    assert down_until == pytest.approx(faults[0].at_s + written.duration_s)
+    assert faults[0].at_s != written.at_s
+
+
+def test_a_whatif_fault_keeps_the_time_asked_for() -> None:
+    from broker.sim.whatif import with_whatif
+
+    scn = with_whatif(_faulty(), "cluster=c1:down@2400+60")
+    r = realize(scn)
+    assert r.faults[-1].at_s == 2400.0
+    assert r.faults[0].at_s != scn.faults[0].at_s  # the scripted ones still move
