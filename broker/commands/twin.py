@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from broker.placement.policy import ActorCritic
 
 policy_app = typer.Typer(no_args_is_help=True, help="The RL policy: explain it.")
 
@@ -57,6 +60,7 @@ def sim(
     except (ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None
     model = load_model(checkpoint) if policy == "lp+rl" else None
+    _warn_fixed_weights(model)
     console = Console(stderr=as_json)
     results: list[RunResult] = []
     with stdout_to_stderr(as_json), RichProgress() as bar:
@@ -81,6 +85,15 @@ def sim(
     if whatif:
         console.print("delta (whatif - baseline):",
                       _delta(results[0].metrics, results[1].metrics))
+
+
+def _warn_fixed_weights(model: ActorCritic | None) -> list[str]:
+    """Print (stderr) where the checkpoint's recorded fixed weights differ from today's."""
+    warnings = list(model.fixed_weights_warnings()) if model is not None else []
+    err = Console(stderr=True)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] checkpoint: {w}", soft_wrap=True)
+    return warnings
 
 
 def _delta(a: dict[str, object], b: dict[str, object]) -> dict[str, float]:
@@ -141,8 +154,11 @@ def rules(
     model = load_model(checkpoint)
     if model is None:
         raise _fail("no policy checkpoint: the fixed weights have no rules to explain")
+    warnings = _warn_fixed_weights(model)
     with stdout_to_stderr(as_json):
         result = surrogate_rules(model, scenario=scenario, depth=depth)
+    if warnings:
+        result["checkpoint_warnings"] = warnings
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -176,6 +192,7 @@ def leverage(
     model = load_model(checkpoint)
     if model is None:
         raise _fail("no policy checkpoint: the fixed weights have no leverage to measure")
+    warnings = _warn_fixed_weights(model)
     catalog = Catalog.load()
     try:
         scn = load_scenario(scenario, catalog)
@@ -183,6 +200,8 @@ def leverage(
         raise _fail(str(exc)) from None
     with stdout_to_stderr(as_json):
         result = measure(model, scn, catalog, decision_interval_s=decision_interval_s)
+    if warnings:
+        result["checkpoint_warnings"] = warnings
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

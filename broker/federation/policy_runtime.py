@@ -9,6 +9,11 @@
 - `checkpoint = "none"` or `enabled = false`: fixed weights (`PlacementSettings.headroom`,
   `latency_weight_usd_per_ms`), exactly what the plain `lp` policy does.
 
+A checkpoint whose recorded fixed weights differ from today's, or that records none
+(policy.fixed_weights_warnings), still loads: each difference is logged as a warning and
+named in the start-up banner (`describe`), since its actions are offsets from those values
+and it steers elsewhere on a planner whose defaults moved.
+
 It sets `Runtime.policy` to a `PolicyRuntime`, which the placement loop calls as its action
 function and the explain API uses for SHAP.
 
@@ -78,6 +83,9 @@ class PolicyRuntime:
     def __init__(self, model: ActorCritic | None, settings: PlacementSettings, *,
                  source: str, checkpoint: str = "", sha256: str = "", why: str = "") -> None:
         self.model = model
+        # Where the checkpoint's recorded fixed weights differ from today's (module docstring).
+        self.warnings: tuple[str, ...] = (model.fixed_weights_warnings() if model is not None
+                                          else ())
         self.source = source  # "checkpoint" | "fixed"
         self.checkpoint = checkpoint
         self.sha256 = sha256
@@ -97,7 +105,10 @@ class PolicyRuntime:
         if self.model is None:
             return f"fixed weights (headroom {self._fixed.headroom}, latency weight " \
                    f"{self._fixed.latency_weight_usd_per_ms} USD/ms){self._why}"
-        return f"RL policy checkpoint {self.checkpoint} (sha256 {self.sha256})"
+        line = f"RL policy checkpoint {self.checkpoint} (sha256 {self.sha256})"
+        if self.warnings:
+            line += "; WARNING: " + "; ".join(self.warnings)
+        return line
 
     def identity(self) -> dict[str, object]:
         out: dict[str, object] = {"source": self.source}
@@ -324,8 +335,11 @@ def load_policy(settings: Settings, *, shipped: Path | None = None) -> PolicyRun
             raise ConfigError(f"policy checkpoint {path} does not exist (settings "
                               "policy.checkpoint); set it to \"none\" for fixed weights")
     model = _load_checkpoint(path)
-    return PolicyRuntime(model, placement, source="checkpoint", checkpoint=str(path),
-                         sha256=_sha256(path))
+    runtime = PolicyRuntime(model, placement, source="checkpoint", checkpoint=str(path),
+                            sha256=_sha256(path))
+    for w in runtime.warnings:
+        log.warning("policy checkpoint %s: %s", path, w)
+    return runtime
 
 
 async def install_policy(rt: Runtime) -> None:

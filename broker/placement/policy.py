@@ -43,13 +43,22 @@ uses each sample once. GAE(lambda) trades bias for variance on the long, noisy e
 
 Without a checkpoint, `FixedPolicy` returns the operator's fixed weights (what `lp` uses).
 Checkpoints are small (a few hundred KB): `ActorCritic.save` / `ActorCritic.load`.
+
+A checkpoint records the fixed weights it was trained against (`fixed_weights()`: each
+action's default and the DecisionConfig timers, in its metadata under "fixed_weights").
+Why: outputs are offsets from those values in logit space (the neutral zone is centred on
+them), so when a default moves the same file steers somewhere else; the v2 checkpoint,
+trained with a 600 s idle timer, lost to lp after lp's timer became 120 s.
+`ActorCritic.fixed_weights_warnings()` names every value that differs from today's (or says
+the checkpoint has no record); the shells print it (the live start-up banner, `skyfed
+policy`, `bench twin`'s notes). This module only compares values.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,6 +173,50 @@ CHECKPOINT_VERSION = 3
 # Format 2 (before consolidate_below and reserve_nodes) loads with those at the fixed weights.
 _V2_NODE_ACTIONS = 4
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "policy_data" / "policy.pt"
+FIXED_WEIGHTS_KEY = "fixed_weights"
+
+
+def fixed_weights() -> dict[str, float]:
+    """The fixed weights today's actions steer from (the checkpoint metadata's record).
+
+    Each ActionSpec's default (the neutral zone's centre) by action name, the PolicyAction
+    defaults the policy does not output (latency weight), and the DecisionConfig timers
+    scale-in falls back to where no timer is set (`decision.<field>`).
+    """
+    cfg = DecisionConfig()
+    out = {a.name: float(a.default) for a in ACTIONS}
+    out["latency_weight_usd_per_ms"] = float(_FIXED.latency_weight_usd_per_ms)
+    out["decision.scale_in_idle_s"] = float(cfg.scale_in_idle_s)
+    out["decision.forecast_idle_s"] = float(cfg.forecast_idle_s)
+    return out
+
+
+def fixed_weights_warnings(meta: Mapping[str, object]) -> tuple[str, ...]:
+    """What differs between the fixed weights a checkpoint recorded (`meta`) and today's.
+
+    One line per differing value ("fixed weight idle_timeout_s: trained against 600.0, today
+    120"), one for
+    a value only one side has, or one line saying that the checkpoint has no record
+    (checkpoints saved before the record existed). Empty: trained against today's."""
+    rec = meta.get(FIXED_WEIGHTS_KEY)
+    if not isinstance(rec, Mapping):
+        return ("the checkpoint does not record the fixed weights it was trained against "
+                "(saved before they were recorded): its actions are offsets from them and may "
+                "steer elsewhere on today's planner; measure it against lp (docs/twin.md)",)
+    now = fixed_weights()
+    out = []
+    for name in sorted(set(rec) | set(now)):
+        old, new = rec.get(name), now.get(name)
+        if old is None:
+            out.append(f"fixed weight {name}: not recorded (new since it was trained), "
+                       f"today {new:g}")
+        elif new is None:
+            out.append(f"fixed weight {name}: trained against {old}, no longer one")
+        elif not isinstance(old, int | float) or not math.isclose(float(old), new,
+                                                                    rel_tol=1e-9,
+                                                                    abs_tol=1e-12):
+            out.append(f"fixed weight {name}: trained against {old}, today {new:g}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -202,6 +255,8 @@ class ActorCritic(nn.Module):
         self.value_head = _mlp(2 * hidden, 1)
         # One learned log-std per action kind (per-cluster ones shared by the clusters).
         self.log_std = nn.Parameter(torch.full((len(ACTIONS),), -0.3))
+        # The loaded checkpoint's metadata ({} for a fresh model): see fixed_weights_warnings.
+        self.meta: dict[str, object] = {FIXED_WEIGHTS_KEY: fixed_weights()}
         self._start_at_fixed()
 
     def _start_at_fixed(self) -> None:
@@ -265,9 +320,14 @@ class ActorCritic(nn.Module):
 
     # -------------------------------------------------------------- checkpoints
     def save(self, path: str | Path, *, meta: dict[str, object] | None = None) -> None:
+        """Write the checkpoint; its metadata always records today's `fixed_weights()`."""
         torch.save({"version": CHECKPOINT_VERSION, "state": self.state_dict(),
                     "hidden": self.encode[0].out_features, "rounds": len(self.messages),
-                    "meta": meta or {}}, Path(path))
+                    "meta": {**(meta or {}), FIXED_WEIGHTS_KEY: fixed_weights()}}, Path(path))
+
+    def fixed_weights_warnings(self) -> tuple[str, ...]:
+        """Where the fixed weights this model was trained against differ from today's."""
+        return fixed_weights_warnings(self.meta)
 
     @classmethod
     def load(cls, source: str | Path | bytes) -> ActorCritic:
@@ -282,6 +342,8 @@ class ActorCritic(nn.Module):
         if blob["version"] == 2:
             state = _upgrade_v2(state, model.state_dict())
         model.load_state_dict(state)
+        meta = blob.get("meta")
+        model.meta = dict(meta) if isinstance(meta, dict) else {}
         model.eval()
         return model
 

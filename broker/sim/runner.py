@@ -2,6 +2,8 @@
 
 `lp+rl` uses the checkpoint given, else the one shipped in broker/policy_data, else (no
 checkpoint at all) the fixed weights — in which case it equals `lp` and the report says so.
+A checkpoint trained against other fixed weights than today's (policy.fixed_weights_warnings)
+runs as it is, and each run's notes say what differs (`bench twin` prints them).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def run_policy(scenario: Scenario, policy: str, catalog: CatalogLike | None, *,
             eng = Engine(scenario, catalog, policy_cfg, planner=planner, progress=progress)
             return RunResult("lp+rl", eng.run(), eng.metrics.series, notes, eng)
         controller = PolicyController(model)
+        notes += [f"checkpoint: {w}" for w in model.fixed_weights_warnings()]
     eng = Engine(scenario, catalog, replace(cfg, policy=policy),
                  planner=planner, controller=controller, progress=progress)
     return RunResult(policy, eng.run(), eng.metrics.series, notes, eng)
