@@ -173,6 +173,9 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
         self._edge_factory = edge_factory or EdgeDriverFactory()
         self._entries: dict[str, _Entry] = {}
         self._errors: dict[str, str] = {}
+        # Cluster name -> what the last refresh made of its registration (`_key`).
+        self._applied: dict[str, str] = {}
+        self._closed = False  # aclose() ran: behind() asks for no more drivers
         self._lock = asyncio.Lock()
         self.refreshes = 0
 
@@ -198,6 +201,31 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
     def kind_of(self, name: str) -> str:
         return self._entries[name].target.kind
 
+    def behind(self, records: Sequence[ClusterRecord]) -> bool:
+        """Whether some registration in `records` is not what the last refresh applied: a
+        cluster registered, or its driver's registration changed, since then.
+
+        The placement loop asks before it plans on `records` and refreshes when True: a pool
+        whose cluster has no driver yet looks unable to scale (scaling.py), so planning
+        between a registration and the refresh loop's next pass ordered no nodes there.
+        A registration that cannot be built is not behind once a refresh recorded its error;
+        nothing is once the registry was closed (a placement epoch during shutdown must not
+        build drivers nobody closes).
+        """
+        return not self._closed and any(not self._is_foreign(r.cluster.name)
+                   and self._applied.get(r.cluster.name) != self._key(r) for r in records)
+
+    def _target(self, rec: ClusterRecord) -> DriverTarget:
+        return target_for(rec, catalog=self._catalog, trusted_tenants=self._trusted)
+
+    def _key(self, rec: ClusterRecord) -> str:
+        """The registration as the registry builds from it: its target's fingerprint, or
+        why it has no target."""
+        try:
+            return self._target(rec).fingerprint
+        except Exception as exc:  # noqa: BLE001  as _apply: any error means "no target"
+            return f"error: {_describe(rec.cluster.name, exc)}"
+
     # ---- refresh ----------------------------------------------------------------------
     async def refresh(self, store: Store) -> RefreshResult:
         """Bring the drivers in line with the store's clusters; see the module docstring.
@@ -222,15 +250,17 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
         failed: dict[str, str] = {}
         foreign: list[str] = []
         seen = set()
+        applied: dict[str, str] = {}
         for rec in records:
             name = rec.cluster.name
             seen.add(name)
+            applied[name] = self._key(rec)
             if self._is_foreign(name):
                 foreign.append(name)
                 await self._drop(name)
                 continue
             try:
-                target = target_for(rec, catalog=self._catalog, trusted_tenants=self._trusted)
+                target = self._target(rec)
                 old = self._entries.get(name)
                 if old is not None and old.target.fingerprint == target.fingerprint:
                     if self._mirror is not None and name not in self._mirror:
@@ -256,6 +286,7 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
             if self._errors.get(name) != msg:
                 log.warning("no driver for %s", msg)
         self._errors = failed
+        self._applied = applied
         return RefreshResult(added=tuple(added), replaced=tuple(replaced),
                              removed=tuple(removed), failed=dict(failed), foreign=tuple(foreign))
 
@@ -327,6 +358,7 @@ class DriverRegistry(Mapping[str, ClusterDriver]):
         async with self._lock:
             for name in list(self._entries):
                 await self._drop(name)
+            self._closed = True
 
 
 def _describe(name: str, exc: BaseException) -> str:

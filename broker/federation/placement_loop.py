@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -72,7 +72,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ActionFn = Callable[[FederationSnapshot], PolicyAction]
-ScalableFn = Callable[[Sequence[ClusterRecord]], set[tuple[str, str]]]
+# The pools of these registrations that can scale (scaling.py), once the cluster drivers have
+# caught up with them.
+ScalableFn = Callable[[Sequence[ClusterRecord]], Awaitable[set[tuple[str, str]]]]
 _FOREVER_REASONS = ("infeasible", "no options")
 
 
@@ -193,7 +195,8 @@ class PlacementLoop(PollingLoop):
                                                                 *r.workloads.values())})
         if self._scalable is None:
             return snap
-        return replace(snap, clusters=clamp_unscalable(snap.clusters, self._scalable(r.clusters)))
+        scalable = await self._scalable(r.clusters)
+        return replace(snap, clusters=clamp_unscalable(snap.clusters, scalable))
 
     async def tick(self) -> EpochPlan | None:
         """One epoch: snapshot, solve off the loop, write everything in one transaction."""
@@ -267,13 +270,20 @@ def make_placement_loop(rt: Runtime) -> PlacementLoop:
 
     It sees which pools can scale (scaling.py, over `rt.drivers` and `rt.accounts`) and,
     after each commit, wakes the actuator and the dispatcher (looked up when called: they
-    are built after it)."""
+    are built after it). A cluster registered since the driver registry's last refresh gets
+    its driver first (the registry refreshes now, not at the refresh loop's next pass): a
+    pool with no driver looks unable to scale, so an epoch between the registration and
+    that pass would plan the new clusters without their node pools (the README tour's
+    8-GPU job went unplaceable, or to the one cluster whose driver was built)."""
     from broker.federation.scaling import scalable_pools
 
     catalog = _load_catalog(rt)
     s = rt.settings
 
-    def scalable(records: Sequence[ClusterRecord]) -> set[tuple[str, str]]:
+    async def scalable(records: Sequence[ClusterRecord]) -> set[tuple[str, str]]:
+        registry = rt.driver_registry
+        if registry is not None and registry.behind(records):
+            await registry.refresh(rt.loop_store())
         return scalable_pools(records, drivers=rt.drivers, accounts=rt.accounts)
 
     loop = PlacementLoop(rt.loop_store(), rt.clock, s.placement, action_fn=rt.policy,

@@ -73,7 +73,7 @@ async def _submit(store: Store, spec: WorkloadSpec) -> str:  # noqa: F811
 
 def _loop(store: Store, clock: ManualClock,  # noqa: F811
           drivers: Mapping[str, ClusterDriver]) -> PlacementLoop:
-    def scalable(records: Sequence[ClusterRecord]) -> set[tuple[str, str]]:
+    async def scalable(records: Sequence[ClusterRecord]) -> set[tuple[str, str]]:
         return scalable_pools(records, drivers=drivers, accounts={})
 
     return PlacementLoop(store, clock, PlacementSettings(), catalog=None, scalable=scalable)

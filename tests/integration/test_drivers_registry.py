@@ -21,7 +21,7 @@ from broker.clock import ManualClock, SystemClock
 from broker.domain import Cluster, Pool, Resources
 from broker.federation.driver_targets import DriverTarget
 from broker.federation.drivers import DriverRefreshLoop, DriverRegistry
-from broker.store import Store, migrate
+from broker.store import ClusterRecord, Store, migrate
 from providers.base import ApplySpec, ClusterDriver, WorkloadPhase
 from providers.kubernetes import KubernetesDriver
 from providers.simulated import SimPool, SimulatedClusterDriver
@@ -86,6 +86,11 @@ async def register(store: Store, c: Cluster, attrs: Mapping[str, Any] | None = N
         await uow.clusters.upsert(c, tenant=tenant, attrs=attrs)
 
 
+async def records(store: Store) -> list[ClusterRecord]:
+    async with store.unit() as uow:
+        return await uow.clusters.list_records()
+
+
 def spec(wid: str, *, pool: str = "cpu") -> ApplySpec:
     return ApplySpec(workload_id=wid, tenant="admin", name="web", kind="service",
                      image="nginx:1.27", replicas=2, cpu=1.0, memory_gib=2.0, pool=pool)
@@ -138,7 +143,10 @@ async def test_malformed_kubeconfig_is_named_marked_unhealthy_and_others_keep_wo
     await register(store, cluster("odd"), {"driver": "nomad"})
     reg = DriverRegistry(clock=SystemClock())
     try:
+        assert reg.behind(await records(store))
         result = await reg.refresh(store)
+        # Failed builds are recorded: the placement loop does not rebuild them every epoch.
+        assert not reg.behind(await records(store))
         assert list(reg) == ["sim-1"]
         assert set(result.failed) == {"k8s-bad", "odd"}
         assert "broken-kubeconfig.yaml" in result.failed["k8s-bad"]
@@ -177,19 +185,25 @@ async def test_later_registration_change_and_delete_follow_the_store(store: Stor
     try:
         assert (await reg.refresh(store)).added == ()
         await register(store, cluster("late"))
+        assert reg.behind(await records(store))  # registered since the last refresh
         assert (await reg.refresh(store)).added == ("late",)
+        assert not reg.behind(await records(store))
         first = reg["late"]
         async with store.unit() as uow:  # usage updates and telemetry do not rebuild it
             await uow.clusters.set_pool_usage("late", "cpu", nodes=2, used_cpu=1.0)
             await uow.clusters.set_attrs("late", {"telemetry": {"cpu": 1.0}})
+            await uow.clusters.set_health("late", healthy=False)
+        assert not reg.behind(await records(store))
         await reg.refresh(store)
         assert reg["late"] is first
         # A pool the actuator grew keeps its driver (and what runs there) ...
         await register(store, cluster("late", max_nodes=8, nodes=3))
+        assert not reg.behind(await records(store))
         assert (await reg.refresh(store)).replaced == ()
         assert reg["late"] is first
         # ... a pool of another node shape is a new driver, at the registered node count.
         await register(store, cluster("late", max_nodes=8, nodes=3, cpu=8))
+        assert reg.behind(await records(store))
         assert (await reg.refresh(store)).replaced == ("late",)
         assert reg["late"] is not first
         assert len(await reg["late"].inventory()) == 3
@@ -198,8 +212,10 @@ async def test_later_registration_change_and_delete_follow_the_store(store: Stor
         assert (await reg.refresh(store)).removed == ("late",)
         assert "late" not in reg
         assert mirror == {}
+        await register(store, cluster("after"))
     finally:
         await reg.aclose()
+    assert not reg.behind(await records(store))  # closed: it builds no more drivers
 
 
 async def test_a_driver_installed_by_someone_else_wins(store: Store) -> None:

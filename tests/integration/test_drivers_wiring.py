@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kmock
 import pytest
 
@@ -134,3 +135,67 @@ class _Hub:
 
     def site_services(self, *, site: str) -> dict[str, str] | None:
         return {}
+
+
+def _tour_documents() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The README tour's clusters (as `skyfed submit` posts them) and its three workloads."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    clusters = [{"name": d["metadata"]["name"], **d["spec"]}
+                for d in yaml.safe_load_all((root / "federation.yaml").read_text())]
+    workloads = [yaml.safe_load((root / f).read_text())
+                 for f in ("web-service.yaml", "batch-job.yaml", "train-8gpu.yaml")]
+    return clusters, workloads
+
+
+@pytest.mark.parametrize("refreshed_after", [0, 1])
+async def test_clusters_registered_while_the_broker_runs_are_planned_with_their_drivers(
+        tmp_path: Path, refreshed_after: int) -> None:
+    """The README tour's race: clusters registered, then workloads submitted, and the
+    placement epoch comes before the driver refresh loop's next pass. The loop must plan on
+    drivers built from those registrations: without them every pool looked unable to scale
+    (no driver, scaling.py), so the 8-GPU job was marked unplaceable for good (`no a100
+    node could be added`) and the batch job got 7-9 of its 20 replicas; with only some
+    drivers built, the job went to the dearer cluster whose driver happened to exist.
+    `refreshed_after`: how many clusters were registered when the refresh loop last ran."""
+    from broker.app import create_app, ensure_admin_token, start_up
+    from broker.federation.placement_loop import make_placement_loop
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'skyfed.db'}"
+    await migrate.upgrade(url)
+    rt = build_runtime(load_settings(store={"url": url}, data_dir=tmp_path,
+                                     policy={"checkpoint": "none"}))
+    try:
+        token = await ensure_admin_token(rt)
+        await start_up(rt)  # nothing registered yet: no drivers
+        loop = make_placement_loop(rt)  # the refresh loop is not run: its pass is later
+        clusters, workloads = _tour_documents()
+        h = {"Authorization": f"Bearer {token}"}
+        transport = httpx.ASGITransport(app=create_app(rt))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            for i, body in enumerate(clusters):
+                if i == refreshed_after > 0:
+                    await registry_of(rt).refresh(rt.store)  # the refresh loop's pass
+                r = await c.post("/v1/clusters", json=body, headers=h)
+                assert r.status_code == 201, r.text
+            ids = {}
+            for doc in workloads:
+                r = await c.post("/v1/workloads", json=doc, headers=h)
+                assert r.status_code == 201, r.text
+                ids[doc["metadata"]["name"]] = r.json()["id"]
+            plan = await loop.tick()
+            assert plan is not None
+            assert plan.unplaced == {}
+            got = {p.workload_id: p for p in plan.placements}
+            train = got[ids["llm-finetune"]]
+            assert [(a.cluster, a.pool) for a in train.assignments] == [("gcp-euw4", "a100")]
+            assert got[ids["nightly-etl"]].placed_replicas == 20
+            for wid in ids.values():
+                r = await c.get(f"/v1/workloads/{wid}", headers=h)
+                assert r.json()["status"]["phase"] == "placed", r.text
+        assert sorted(rt.drivers) == ["aws-use1", "azure-weu", "gcp-euw4"]
+    finally:
+        if isinstance(rt.driver_registry, DriverRegistry):
+            await rt.driver_registry.aclose()
+        await rt.store.close()
