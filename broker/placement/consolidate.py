@@ -8,11 +8,32 @@ drain them (their replicas are evicted and placed again, as `kubectl drain` does
 them.
 
 - `karpenter` (Karpenter v1 defaults, `consolidationPolicy: WhenEmptyOrUnderutilized`,
-  `consolidateAfter: 0s`, disruption budget `nodes: 10%`): a ready cloud node whose requests
-  fit in the free room of the pool's other ready nodes is deleted at once (single-node
-  consolidation by deletion; Karpenter's replace-with-a-cheaper-node path is not modelled).
-  Candidates least utilised first; at most ceil(10 % of the pool's nodes) per epoch
-  (Karpenter scales percentage budgets rounding up); receivers are not candidates.
+  `consolidateAfter: 0s`, disruption budget `nodes: 10%`, feature gate
+  `SpotToSpotConsolidation=false`). Karpenter simulates rescheduling a candidate's pods
+  (`computeConsolidation` in kubernetes-sigs/karpenter pkg/controllers/disruption/
+  consolidation.go): if they fit on the other nodes it deletes the node; if they need exactly
+  one new node it replaces the node by it, provided that node is cheaper. Both paths here:
+  - delete: a ready cloud node whose requests fit in the free room of the pool's other ready
+    nodes is drained and removed at once. Candidates least utilised first; receivers are not
+    candidates.
+  - replace (`replacements`): a ready, busy on-demand node whose reported workloads
+    (`NodeState.workloads`, specs in `snapshot.workloads`; a node that does not say is left
+    alone) all fit on one node of another pool of the same cluster that they tolerate (spot
+    only if every one is `spot_ok`; their GPU model, GPU interconnect and GPU set on an empty
+    node) and that is cheaper (`launchPrice < candidatePrice`,
+    `RemoveInstanceTypeOptionsByPriceAndMinValues`) gets the cheapest such node, which the
+    pool can still add (max_nodes, the cluster's quota). A spot node is never replaced: a
+    spot candidate whose replacement may be spot goes to `computeSpotToSpotConsolidation`,
+    which does nothing while the gate is off (its default), even when an on-demand type is
+    cheaper. Only in pools nothing is deleted from this epoch (one command at a time, as
+    Karpenter's disruption loop), candidates least utilised first.
+  The disruption budget is shared: at most ceil(10 % of the pool's nodes) per epoch
+  (Karpenter scales percentage budgets rounding up), less the pool's nodes already being
+  replaced (leaving: Karpenter subtracts the nodes marked for deletion,
+  `BuildDisruptionBudgets` in helpers.go). What is not modelled: multi-node consolidation
+  (several nodes -> one), pods split between the other nodes and the new one (the new node
+  takes all of the candidate's pods), the budget's NodePool scope (here per pool) and its
+  count of initialized nodes only.
 - `traditional` (Cluster Autoscaler defaults, `--scale-down-utilization-threshold=0.5`,
   `--scale-down-unneeded-time=10m`): a ready cloud node whose utilisation (the larger of
   requested / allocatable CPU and memory; GPUs for GPU nodes) has been below 0.5 for 10 min
@@ -54,7 +75,8 @@ from broker.domain import (
     Workload,
     WorkloadKind,
 )
-from broker.placement.kinds import PoolScaleIn
+from broker.placement.feasibility import gpu_class, sets_per_new_node
+from broker.placement.kinds import NodeReplace, PoolScaleIn
 
 Pair = tuple[str, str]
 CA_UTILIZATION_THRESHOLD = 0.5
@@ -217,8 +239,8 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
                                                      * len(p.node_states)),
                                   (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD))
             elif policy == "karpenter":
-                limit = math.ceil(fraction * len(p.node_states))
-                names = _pool_nodes(c, p, snapshot.now_s, max_nodes=limit, underused_for_s=None)
+                names = _pool_nodes(c, p, snapshot.now_s, max_nodes=_budget(p, fraction),
+                                    underused_for_s=None)
             else:
                 if drains <= 0:
                     break
@@ -228,3 +250,118 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
             if names:
                 out.append(PoolScaleIn(c.name, p.name, names, reason="consolidate"))
     return tuple(out)
+
+
+def _budget(p: Pool, fraction: float) -> int:
+    """Karpenter's disruption budget for the pool now: ceil(fraction of its nodes), less the
+    nodes already leaving (being replaced: Karpenter's `disrupting` count)."""
+    leaving = sum(1 for n in p.node_states if n.leaving is not NodeLeaving.NO)
+    return max(0, math.ceil(fraction * len(p.node_states)) - leaving)
+
+
+def replacements(snapshot: FederationSnapshot, policy: str,
+                 skip: frozenset[Pair] | set[Pair] = frozenset(),
+                 drains: Sequence[PoolScaleIn] = (),
+                 budget: Mapping[str, float] | None = None) -> tuple[NodeReplace, ...]:
+    """Karpenter's replace path (module docstring): NodeReplace of on-demand nodes by one
+    cheaper node each; () for other policies. Pools in `skip` (growing this epoch) and pools
+    `drains` (this epoch's deletions) takes nodes from are left."""
+    if policy != "karpenter":
+        return ()
+    fraction = (budget or {}).get("karpenter", KARPENTER_BUDGET_FRACTION)
+    draining = {(d.cluster, d.pool) for d in drains if d.nodes}
+    out: list[NodeReplace] = []
+    for c in snapshot.clusters:
+        if c.is_edge or not c.healthy:
+            continue
+        room = _Quota(c)
+        for p in c.pools:
+            if p.pricing is not PricingModel.ON_DEMAND or (c.name, p.name) in skip \
+                    or (c.name, p.name) in draining or not p.node_states:
+                continue
+            limit = _budget(p, fraction)
+            cands = [n for n in p.node_states if _usable(n) and _busy(n, p)] if limit else []
+            cands.sort(key=lambda n: (utilization(n, p), n.name))
+            for n in cands:
+                if limit <= 0:
+                    break
+                pods = _pods(n, snapshot)
+                target = _replacement(c, p, n, pods, room) if pods else None
+                if target is None:
+                    continue
+                room.take(target)
+                limit -= 1
+                out.append(NodeReplace(c.name, p.name, n.name, target.name,
+                                       saving_usd_per_hour=p.price_usd_per_hour
+                                       - target.price_usd_per_hour))
+    return tuple(out)
+
+
+class _Quota:
+    """What a cluster may still add this epoch: nodes per pool, vCPU and GPU quota."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.added: dict[str, int] = {}
+        self.cpu = math.inf if c.quota_vcpu is None else \
+            c.quota_vcpu - sum(p.node.cpu * p.nodes for p in c.pools)
+        self.gpu = math.inf if c.quota_gpu is None else \
+            c.quota_gpu - sum(p.node.gpu * p.nodes for p in c.pools)
+
+    def fits(self, q: Pool) -> bool:
+        return (q.can_add_nodes - self.added.get(q.name, 0) > 0
+                and q.node.cpu <= self.cpu + 1e-9 and q.node.gpu <= self.gpu + 1e-9)
+
+    def take(self, q: Pool) -> None:
+        self.added[q.name] = self.added.get(q.name, 0) + 1
+        self.cpu -= q.node.cpu
+        self.gpu -= q.node.gpu
+
+
+def _pods(n: NodeState, snapshot: FederationSnapshot) -> tuple[Workload, ...]:
+    """The specs of what runs on `n`; () when the node does not say or a spec is unknown."""
+    out = []
+    for wid in n.workloads:
+        w = snapshot.workloads.get(wid)
+        if w is None:
+            return ()
+        out.append(w)
+    return tuple(out)
+
+
+def tolerates(w: Workload, q: Pool) -> bool:
+    """A workload may run on a node of pool `q` of its own cluster: the pool-level part of
+    the candidates' hard constraints (spot, GPU model, interconnect, GPU set); the cluster's
+    taints, labels and tenancy are the same for every pool of the cluster."""
+    spec = w.spec
+    if q.pricing is PricingModel.SPOT and not spec.spot_ok:
+        return False
+    if spec.gpu_model and (q.gpu_model or "").lower() != spec.gpu_model.lower():
+        return False
+    r = spec.resources
+    if r.cpu > q.node.cpu + 1e-9 or r.memory_gib > q.node.memory_gib + 1e-9 \
+            or r.gpu > q.node.gpu:
+        return False
+    if r.gpu > 1 and spec.interconnect.rank > q.interconnect.rank:
+        return False
+    cls = gpu_class(w)
+    return cls is None or sets_per_new_node(q, cls) > 0
+
+
+def _replacement(c: Cluster, p: Pool, n: NodeState, pods: Sequence[Workload],
+                 room: _Quota) -> Pool | None:
+    """The cheapest pool of `c` one of whose nodes takes all of `n`'s requests, that `n`'s
+    workloads tolerate, that can still add a node, and that costs less than `n`'s pool."""
+    gpu_used = p.node.gpu - n.gpu_free
+    best: Pool | None = None
+    for q in c.pools:
+        if q.name == p.name or q.pricing is PricingModel.EDGE \
+                or q.price_usd_per_hour >= p.price_usd_per_hour - 1e-12:
+            continue
+        if n.cpu_allocated > q.node.cpu + 1e-9 or n.memory_allocated_gib > q.node.memory_gib \
+                + 1e-9 or gpu_used > q.node.gpu or not room.fits(q):
+            continue
+        if not all(tolerates(w, q) for w in pods):
+            continue
+        if best is None or (q.price_usd_per_hour, q.name) < (best.price_usd_per_hour, best.name):
+            best = q
+    return best

@@ -29,6 +29,24 @@ class PoolScaleIn:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeReplace:
+    """Replace one node by one cheaper node of another pool of the same cluster.
+
+    Karpenter's replace consolidation (placement/consolidate.py): the node is tainted so no
+    new work lands on it, one node of `target_pool` is ordered, and once that node is up the
+    old one is drained (its replicas evicted and placed again) and removed. A replacement
+    that never comes up leaves the old node as it was.
+    """
+
+    cluster: str
+    pool: str  # the node's pool
+    node: str  # NodeState.name of the node to replace
+    target_pool: str  # the pool of the replacement node
+    saving_usd_per_hour: float = 0.0  # node price minus the replacement's
+    reason: str = "consolidate"
+
+
+@dataclass(frozen=True, slots=True)
 class Prewarm:
     """Get capacity, images or data in place before they are needed.
 

@@ -44,7 +44,7 @@ from broker.placement.candidates import (
 )
 from broker.placement.decisions import DecisionConfig
 from broker.placement.feasibility import size_for_slo
-from broker.placement.kinds import Migration, PoolScale, PoolScaleIn, Prewarm, Retry
+from broker.placement.kinds import Migration, NodeReplace, PoolScale, PoolScaleIn, Prewarm, Retry
 from broker.placement.ledger import Ledger, penalties, tenant_budgets
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "DecisionConfig",
     "EpochPlan",
     "Migration",
+    "NodeReplace",
     "PlannerConfig",
     "PlannerError",
     "PoolScale",
@@ -188,6 +189,8 @@ class EpochPlan:
     prewarm: tuple[Prewarm, ...] = ()
     retries: tuple[Retry, ...] = ()
     migrations: tuple[Migration, ...] = ()
+    # Nodes replaced by one cheaper node each (Karpenter's replace consolidation, consolidate.py).
+    replacements: tuple[NodeReplace, ...] = ()
     # Replicas planned beyond those asked, per workload, so that a latency-SLO service serves
     # inside its SLO under queueing (SLO_QUEUEING_POLICIES; feasibility.size_for_slo). Its
     # placement holds them; the shells run them as part of the service.
@@ -258,7 +261,8 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     nodes in pools nothing grows or lands on this epoch (at once for "karpenter",
     consolidateAfter 0 s), and drains of under-used nodes (consolidate.py: Karpenter's
     WhenEmptyOrUnderutilized, Cluster Autoscaler's 0.5 threshold, and for "lp" only nodes
-    whose work is all restartable and whose saving pays the restart).
+    whose work is all restartable and whose saving pays the restart); for "karpenter" also
+    replacements of nodes by one cheaper node each, in the pools nothing was drained from.
     """
     cfg = config.decisions
     specs: dict[str, Workload] = {w.id: w for w in snapshot.pending}
@@ -276,13 +280,14 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
         {(a.cluster, a.pool) for m in moves for a in m.target.assignments}
     # Karpenter's consolidateAfter: 0s removes empty nodes at once; the others wait CA's 10 min.
     idle_cfg = dataclasses.replace(cfg, scale_in_idle_s=0.0) if policy == "karpenter" else cfg
+    drains = consolidate.consolidations(snapshot, policy, growing,
+                                        below=action.consolidate_below)
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves,
         scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing, action,
-                                    forecast=policy in PREWARM_POLICIES)
-        + consolidate.consolidations(snapshot, policy, growing,
-                                     below=action.consolidate_below))
+                                    forecast=policy in PREWARM_POLICIES) + drains,
+        replacements=consolidate.replacements(snapshot, policy, growing, drains))
 
 
 def plan_candidates(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,

@@ -8,6 +8,11 @@ effect:
   reason "consolidate" (the baselines' autoscalers, placement/consolidate.py) a ready node's
   replicas are drained first (evicted back to pending, a gang job restarting whole) and the
   next epoch places them again;
+- replacements (`NodeReplace`, Karpenter's replace consolidation): the node is tainted
+  (`Node.cordoned`: nothing new lands on it, the snapshot shows it leaving) and one node of
+  the target pool is ordered; when that node is up (`replacement_up`) the old node is drained
+  and removed. A replacement that is not up (lost, refused by quota) leaves the old node
+  untainted, as Karpenter untaints a candidate whose replacement fails;
 - scale and node prewarm (`PoolScale`, `Prewarm.nodes`): nodes join after `provision_delay_s`
   (plus Cluster Autoscaler's scan interval for `traditional`, Karpenter's batch window for
   `karpenter`), within the cluster's vCPU quota (the cloud refuses more); prewarmed nodes have
@@ -27,10 +32,11 @@ effect:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.domain import Placement
-from broker.placement.planner import EpochPlan, Migration, PoolScaleIn, Prewarm
+from broker.placement.planner import EpochPlan, Migration, NodeReplace, PoolScaleIn, Prewarm
 from broker.sim import faults, physics
 from broker.sim.network import data_move
 from broker.sim.state import Group, Node, SimCluster, SimPool, WorkloadState
@@ -39,12 +45,15 @@ if TYPE_CHECKING:
     from broker.sim.engine import Engine
 
 READY = 1  # the engine's event kind for "a group of replicas is ready" (engine._READY)
+REPLACED = 6  # ... for "a replacement node is up" (engine._REPLACED)
 
 
 def apply_plan(eng: Engine, plan: EpochPlan) -> None:
     """Carry out every decision of `plan` (see the module docstring)."""
     for si in plan.scale_in:
         scale_in(eng, si)
+    for rep in plan.replacements:
+        replace_node(eng, rep)
     for s in plan.scale:
         c, p = _pool(eng, s.cluster, s.pool)
         if c is not None and p is not None and s.add_nodes > 0:
@@ -97,6 +106,56 @@ def scale_in(eng: Engine, si: PoolScaleIn) -> None:
     if removed:
         eng.metrics.pools_changed()
         eng.bump()
+
+
+def replace_node(eng: Engine, r: NodeReplace) -> None:
+    """Taint the node and order its replacement; the drain waits for it (`replacement_up`)."""
+    c, p = _pool(eng, r.cluster, r.pool)
+    _, q = _pool(eng, r.cluster, r.target_pool)
+    if c is None or p is None or q is None or c.spec.fixed:
+        return
+    old = next((n for i, n in enumerate(p.node_list) if node_name(c, p, i) == r.node), None)
+    if old is None or old.cordoned or old.ready_at > eng.now or old.empty(p.node.gpu):
+        return
+    before = {id(n) for n in q.node_list}
+    if not add_nodes(eng, c, q, 1):
+        return  # the launch failed (max_nodes, quota, health): nothing is disrupted
+    new = next(n for n in q.node_list if id(n) not in before)
+    old.cordoned = True
+    p.changed()
+    eng.metrics.pools_changed()
+    eng.push(new.ready_at, REPLACED, Replacing(c.name, p.name, old, q.name, new))
+    eng.wake_for_drain(new.ready_at)
+    eng.bump()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Replacing:
+    """A replacement in flight: `old` (tainted) of pool `pool` goes once `new` is up."""
+
+    cluster: str
+    pool: str
+    old: Node
+    target_pool: str
+    new: Node
+
+
+def replacement_up(eng: Engine, r: Replacing) -> None:
+    """A replacement node's time to be up: drain and remove the node it replaces; if the
+    replacement is gone (reclaimed meanwhile), untaint the old node instead."""
+    c = eng.clusters[r.cluster]
+    p, q, old = c.pool(r.pool), c.pool(r.target_pool), r.old
+    if old not in p.node_list:
+        return  # lost meanwhile (a reclaim): nothing to drain
+    old.cordoned = False
+    if r.new in q.node_list:
+        faults.evict_node(eng, c, p, old)
+        p.node_list.remove(old)
+        eng.metrics.replaced_nodes += 1
+    p.changed()
+    eng.metrics.pools_changed()
+    eng.capacity_grew()
+    eng.bump()
 
 
 def prewarm(eng: Engine, pw: Prewarm) -> None:

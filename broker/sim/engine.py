@@ -52,7 +52,7 @@ from broker.sim.state import make_cluster as _make_cluster
 
 POLICIES = ("traditional", "karpenter", "greedy", "lp", "lp+rl")
 PlannerFn = Callable[[FederationSnapshot, PolicyAction, PlannerConfig, str], EpochPlan]
-_ARRIVAL, _READY, _FINISH, _FAULT_START, _FAULT_END, _SAMPLE = range(6)
+_ARRIVAL, _READY, _FINISH, _FAULT_START, _FAULT_END, _SAMPLE, _REPLACED = range(7)
 
 
 class Controller(Protocol):
@@ -143,6 +143,8 @@ class Engine:
         self._arrival_i = 0
         self.capacity_changed_s: float | None = None  # release, nodes, faults (planner input)
         self._due_at: list[float] = []  # heap of Retry.not_before_s: wake the loop then
+        # Heap of times a drain will leave work pending (a replacement node comes up).
+        self._drain_at: list[float] = []
         self._user_regions = tuple(UserRegion(u.name, u.lat, u.lon) for u in scenario.user_regions)
         self.rtt = user_rtt_table(scenario)
         self.specs = {c.name: c for c in scenario.clusters}
@@ -171,6 +173,11 @@ class Engine:
     def wake_at(self, t: float) -> None:
         """Run an epoch at `t` (a Retry's not_before_s), as the live loop wakes for it."""
         heapq.heappush(self._due_at, t)
+
+    def wake_for_drain(self, t: float) -> None:
+        """Run an epoch just after `t`, when a drain (NodeReplace) puts replicas back to
+        pending: the loop, idle now, would otherwise sleep until the next housekeeping."""
+        heapq.heappush(self._drain_at, t)
 
     def capacity_grew(self) -> None:
         """Capacity may have grown (release, nodes, faults): backing-off work may be due."""
@@ -220,7 +227,10 @@ class Engine:
         while self._due_at and (self._due_at[0] <= t_epoch + 1e-9 or not self.pending):
             heapq.heappop(self._due_at)  # passed (its epoch ran), or nothing waits any more
         due = self._due_at[0] if self._due_at else math.inf
-        wake = min(t_next, self._last_housekeeping + self.config.housekeeping_s, due)
+        while self._drain_at and self._drain_at[0] <= t_epoch + 1e-9:
+            heapq.heappop(self._drain_at)
+        drain = self._drain_at[0] if self._drain_at else math.inf
+        wake = min(t_next, self._last_housekeeping + self.config.housekeeping_s, due, drain)
         if wake <= nxt:
             return nxt
         return math.ceil(wake / epoch - 1e-9) * epoch
@@ -241,6 +251,8 @@ class Engine:
             faults.fault(self, payload, start=True)  # type: ignore[arg-type]
         elif kind == _FAULT_END:
             faults.fault(self, payload, start=False)  # type: ignore[arg-type]
+        elif kind == _REPLACED and isinstance(payload, applying.Replacing):
+            applying.replacement_up(self, payload)
         elif kind == _SAMPLE:
             self.metrics.sample(self.now)
             if self.now + self.config.sample_s <= self.scenario.horizon_s:
@@ -316,7 +328,10 @@ class Engine:
         applying.observe_idle(self)
         # Running services are offered to the migration rules every housekeeping tick (the
         # live loop offers them every epoch; per 30 s epoch here would double the run time).
-        snapshot = self.snapshot(running=housekeeping and self._planner_policy() == "lp")
+        # Karpenter's replace rule reads what runs on each node: built at its housekeeping
+        # ticks only (walking every replica each 30 s epoch would cost as much again).
+        snapshot = self.snapshot(running=housekeeping and self._planner_policy() == "lp",
+                                 pods=housekeeping and self._planner_policy() == "karpenter")
         t0 = time.perf_counter()
         plan = self.planner(snapshot, self.action, self.planner_config, self._planner_policy())
         if plan.placements or plan.unplaced:
@@ -348,11 +363,13 @@ class Engine:
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self, batch: list[str] | None = None, *,
-                 running: bool = False) -> FederationSnapshot:
+                 running: bool = False, pods: bool = False) -> FederationSnapshot:
         """The snapshot of the state now, asking for `batch` (default: all pending work);
-        with `running`, the running services too (what the migration rules look at)."""
+        with `running`, the running services too (what the migration rules look at); with
+        `pods`, what runs on each node (sim/snapshot.py `with_pods`)."""
         ids = list(self.pending) if batch is None else batch
-        return build_snapshot(self, [self.workloads[w] for w in ids], running=running)
+        return build_snapshot(self, [self.workloads[w] for w in ids], running=running,
+                              pods=pods)
 
     # ------------------------------------------------------------------ lifecycle
     def _group_ready(self, wid: str, token: int) -> None:

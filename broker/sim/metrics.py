@@ -90,6 +90,7 @@ class Metrics:
         self.faults_applied = 0
         self.hazard_reclaims = 0  # spot nodes reclaimed by the hazard (sim/hazard.py)
         self.consolidated_nodes = 0  # non-empty nodes drained and removed (consolidate.py)
+        self.replaced_nodes = 0  # nodes drained once their cheaper replacement was up
         self.prewarmed_nodes = 0
         self.migrations: dict[str, int] = {}  # moves started, by Migration.reason
         self.unplaced_reasons: dict[str, str] = {}

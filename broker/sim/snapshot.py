@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 Pair = tuple[str, str]
 # The twin's readings are exact and current: nothing in it is ever stale; its numbers were
 # validated when the scenario was parsed (sim/scenario.py), so no screen is needed per epoch.
+# The taint a node being replaced carries (Karpenter v1's; placement/observed.py counts it as
+# a termination taint, so the node is leaving and gives no capacity).
+DISRUPTED = ("karpenter.sh/disrupted:NoSchedule",)
 TWIN_MERGE = MergeSettings(inventory_max_age_s=float("inf"), sync_max_age_s=float("inf"),
                            telemetry_max_age_s=float("inf"), rtt_max_age_s=float("inf"),
                            hub_max_age_s=float("inf"), screen=False)
@@ -141,6 +144,7 @@ def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode,
             name=prefix + str(i), pool=p.name, allocatable=p.node,
             allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
             instance_type=itype, ready=up, ever_ready=up,
+            taints=DISRUPTED if n.cordoned else (),
             idle_since_s=n.idle_since, prewarmed=n.prewarmed,
             underused_since_s=n.underused_since))
     return tuple(out)
@@ -173,7 +177,7 @@ def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: boo
     for i, n in enumerate(p.node_list):
         up = n.ready_at <= now
         key = (i, up, n.used_cpu, n.used_mem, n.gpu_free, n.idle_since, n.prewarmed,
-               n.underused_since)
+               n.underused_since, n.cordoned)
         if i < kept and (got := memo[i])[0] == key:
             keep(got)
             continue
@@ -181,6 +185,7 @@ def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: boo
             name=prefix + str(i), pool=p.name, allocatable=p.node,
             allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
             instance_type=itype, ready=up, ever_ready=up,
+            taints=DISRUPTED if n.cordoned else (),
             idle_since_s=n.idle_since, prewarmed=n.prewarmed,
             underused_since_s=n.underused_since)
         keep((key, on, node_state(pool, on)))
@@ -232,12 +237,15 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
 
 
 def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
-                   running: bool = False) -> FederationSnapshot:
+                   running: bool = False, pods: bool = False) -> FederationSnapshot:
     """The FederationSnapshot of the engine's state now, asking for `batch`; with `running`,
-    the running services (`movable`) with their specs and the sites they were evicted from.
+    the running services (`movable`) with their specs and the sites they were evicted from;
+    with `pods`, what runs on each node (`with_pods`).
     When capacity last grew is the engine's (backoff's "cluster event")."""
     snap = merge(twin_inputs(engine, batch), TWIN_MERGE,
                  memo=engine.merge_memo if engine.config.reuse_observations else None)
+    if pods:
+        snap = with_pods(snap, engine)
     # Where the batch's partly placed workloads already run (no spec: never moved), so a
     # policy can keep a replica's member cluster (baselines.py's Karmada layer).
     partial = tuple(running_placement(ws) for ws in batch if ws.groups)
@@ -249,3 +257,38 @@ def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
                    running=tuple(running_placement(ws) for ws in states)
                    + tuple(p for p in partial if p.workload_id not in specs), workloads=specs,
                    displaced={ws.ev.id: tuple(ws.displaced) for ws in states if ws.displaced})
+
+
+def with_pods(snap: FederationSnapshot, engine: Engine) -> FederationSnapshot:
+    """`snap` with the ids of the workloads on each node (`NodeState.workloads`, as live
+    drivers report them) and their specs in `workloads`: what Karpenter's replace rule reads
+    (placement/consolidate.py). Built on demand (the engine asks for it at karpenter's
+    housekeeping epochs only): it walks every running replica."""
+    on: dict[int, dict[str, None]] = {}
+    specs = dict(snap.workloads)
+    for ws in engine.unfinished.values():
+        if not ws.groups:
+            continue
+        wid = ws.ev.id
+        for g in ws.groups:
+            for n in g.nodes:
+                on.setdefault(id(n), {})[wid] = None
+            for grp in g.gpu_nodes:
+                for n in grp:
+                    on.setdefault(id(n), {})[wid] = None
+        if wid not in specs:
+            specs[wid] = pending_workload(ws, replicas=ws.placed)
+    clusters = []
+    for c in snap.clusters:
+        sim = engine.clusters[c.name]
+        pools = []
+        for pool in c.pools:
+            nodes = sim.pool(pool.name).node_list
+            if len(nodes) != len(pool.node_states) or not any(id(n) in on for n in nodes):
+                pools.append(pool)
+                continue
+            states = tuple(replace(st, workloads=tuple(on[id(n)])) if id(n) in on else st
+                           for st, n in zip(pool.node_states, nodes, strict=True))
+            pools.append(replace(pool, node_states=states))
+        clusters.append(replace(c, pools=tuple(pools)))
+    return replace(snap, clusters=tuple(clusters), workloads=specs)

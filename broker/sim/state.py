@@ -29,8 +29,8 @@ class CapacityError(RuntimeError):
 
 _EPS = 1e-9
 # A node as the snapshot reads it: (index, ready, cpu, memory, free GPUs, idle since, prewarmed,
-# underused since).
-NodeKey = tuple[int, bool, float, float, int, float | None, bool, float | None]
+# underused since, cordoned).
+NodeKey = tuple[int, bool, float, float, int, float | None, bool, float | None, bool]
 
 
 @dataclass(slots=True, eq=False)
@@ -45,12 +45,15 @@ class Node:
     replicas: int = 0  # replicas placed here (GPU-only shares of a spread replica excluded)
     # Below Cluster Autoscaler's utilisation threshold since (None: at or above it).
     underused_since: float | None = None
+    # Tainted for a replacement (Karpenter's `karpenter.sh/disrupted:NoSchedule`): nothing new
+    # lands here; drained once the replacement is up (sim/applying.py, NodeReplace).
+    cordoned: bool = False
 
     def empty(self, gpus: int) -> bool:
         return self.replicas == 0 and self.gpu_free >= gpus
 
     def fits(self, node: Resources, cpu: float, mem: float, gpus: int) -> bool:
-        return (self.used_cpu + cpu <= node.cpu + _EPS
+        return (not self.cordoned and self.used_cpu + cpu <= node.cpu + _EPS
                 and self.used_mem + mem <= node.memory_gib + _EPS and self.gpu_free >= gpus)
 
 
@@ -178,6 +181,8 @@ class SimPool:
         room = []
         big, n_cpu, n_mem = 1 << 30, node.cpu, node.memory_gib
         for n in self.node_list:  # fit_count, inlined: this scans the pool per placement
+            if n.cordoned:
+                continue
             k = big
             if cpu > 0:
                 k = min(k, int((n_cpu - n.used_cpu) / cpu + _EPS))
@@ -235,11 +240,12 @@ class SimPool:
 
     def take_spread(self, gpus: int) -> list[Node] | None:
         """Take `gpus` GPUs across nodes (most free first); None if the pool lacks them."""
-        if sum(n.gpu_free for n in self.node_list) < gpus:
+        open_nodes = [n for n in self.node_list if not n.cordoned]
+        if sum(n.gpu_free for n in open_nodes) < gpus:
             return None
         self.version += 1
         taken: list[Node] = []
-        for n in sorted(self.node_list, key=lambda n: -n.gpu_free):
+        for n in sorted(open_nodes, key=lambda n: -n.gpu_free):
             while n.gpu_free > 0 and len(taken) < gpus:
                 n.gpu_free -= 1
                 n.idle_since = None

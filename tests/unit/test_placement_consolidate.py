@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from broker.domain import (
     Assignment,
     Cluster,
+    FederationSnapshot,
+    Interconnect,
+    NodeLeaving,
     NodeState,
     Placement,
+    Pool,
     PricingModel,
     Resources,
     Workload,
     WorkloadKind,
 )
-from broker.placement.consolidate import consolidations
+from broker.placement.consolidate import consolidations, replacements
+from broker.placement.kinds import PoolScaleIn
 
 from .placement_world import pool, snapshot, workload
 
@@ -111,3 +118,140 @@ def test_lp_drains_only_when_the_saving_pays_the_restart() -> None:
     assert _names(consolidations(long_job, "lp")) == ["n0"]  # type: ignore[arg-type]
     ending = _running([(1.0, _job("ending", duration_s=600.0))], now=300.0, rate=2.0)
     assert consolidations(ending, "lp") == ()  # type: ignore[arg-type]
+
+
+# ---- Karpenter's replace path (consolidate.replacements) --------------------------------
+
+SMALL = Resources(cpu=2, memory_gib=8)
+
+
+def _replace_world(loads: list[tuple[float, Workload | None]], *,
+                   source: PricingModel = PricingModel.ON_DEMAND,
+                   others: tuple[Pool, ...] | None = None, leaving: int = 0,
+                   quota_vcpu: float | None = None) -> FederationSnapshot:
+    """Cluster c: pool "src" (4 vCPU, 1 USD/h, `source` pricing) with a node per (vCPU used,
+    workload on it); none of them has room for another's work, so nothing can be deleted.
+    Other pools: "src-spot" (same shape, spot, 0.35 USD/h), "small" (2 vCPU on-demand,
+    0.5 USD/h), "small-spot" (0.15 USD/h), "big" (16 vCPU, 3 USD/h)."""
+    states = [NodeState(name=f"n{i}", cpu_allocated=cpu, memory_allocated_gib=cpu,
+                        workloads=(w.id,) if w is not None else ())
+              for i, (cpu, w) in enumerate(loads)]
+    states += [NodeState(name=f"x{i}", cpu_allocated=4.0, memory_allocated_gib=4.0,
+                         leaving=NodeLeaving.TERMINATING) for i in range(leaving)]
+    used = sum(s.cpu_allocated for s in states)
+    src = dataclasses.replace(
+        pool("src", price=1.0, nodes=len(states), max_nodes=len(states), node=NODE4,
+             pricing=source), node_states=tuple(states), used=Resources(used, used))
+    if others is None:
+        others = (pool("src-spot", price=0.35, nodes=0, max_nodes=40, node=NODE4,
+                       pricing=PricingModel.SPOT),
+                  pool("small", price=0.5, nodes=0, max_nodes=40, node=SMALL),
+                  pool("small-spot", price=0.15, nodes=0, max_nodes=40, node=SMALL,
+                       pricing=PricingModel.SPOT),
+                  pool("big", price=3.0, nodes=0, max_nodes=40, node=Resources(16, 64)))
+    c = Cluster(name="c", provider="aws", region="us-east-1", pools=(src, *others),
+                quota_vcpu=quota_vcpu)
+    wls = {w.id: w for _, w in loads if w is not None}
+    return dataclasses.replace(snapshot((), clusters=(c,)), workloads=wls)
+
+
+def _targets(snap: FederationSnapshot, policy: str = "karpenter") -> list[tuple[str, str]]:
+    return [(r.node, r.target_pool) for r in replacements(snap, policy)]
+
+
+def test_karpenter_replaces_a_node_by_the_cheapest_fitting_pool_it_tolerates() -> None:
+    # n0's 3 vCPU fit neither on n1 (full) nor on a 2-vCPU node: the same type on spot,
+    # 0.35 < 1 USD/h, is the one cheaper node that holds them.
+    snap = _replace_world([(3.0, workload("a", cpu=3.0)), (4.0, workload("b", cpu=4.0))])
+    assert consolidations(snap, "karpenter") == ()  # nothing to delete ...
+    plan = replacements(snap, "karpenter")  # ... but n0 can go to a cheaper node
+    assert [(r.cluster, r.pool, r.node, r.target_pool) for r in plan] == [
+        ("c", "src", "n0", "src-spot")]
+    assert plan[0].saving_usd_per_hour == pytest.approx(0.65)
+    assert plan[0].reason == "consolidate"
+    # 1.5 vCPU of work fits the 2-vCPU type: its spot node is cheapest of all.
+    small = _replace_world([(1.5, workload("a", cpu=1.5)), (4.0, workload("b", cpu=4.0))])
+    assert _targets(small) == [("n0", "small-spot")]
+
+
+def test_karpenter_never_replaces_onto_a_pool_the_pods_do_not_tolerate() -> None:
+    # A workload that refuses spot keeps to on-demand: the cheaper 2-vCPU on-demand type
+    # when its work fits it, nothing when it does not.
+    pinned = workload("p", cpu=1.5, spot_ok=False)
+    fits_small = _replace_world([(1.5, pinned), (4.0, workload("b", cpu=4.0))])
+    assert _targets(fits_small) == [("n0", "small")]
+    too_big = _replace_world([(3.0, workload("p", cpu=3.0, spot_ok=False)),
+                              (4.0, workload("b", cpu=4.0, spot_ok=False))])
+    assert _targets(too_big) == []
+    # A GPU job asking for A100s does not go to a cheaper V100 node.
+    a100 = pool("a100", price=10.0, nodes=1, max_nodes=1, node=Resources(32, 256, 8),
+                gpu_model="A100", interconnect=Interconnect.NVLINK_FULL)
+    v100 = pool("v100", price=4.0, nodes=0, max_nodes=4, node=Resources(32, 256, 8),
+                gpu_model="V100", interconnect=Interconnect.NVLINK_FULL)
+    job = workload("t", kind=WorkloadKind.TRAIN, cpu=4.0, gpu=1, gpu_model="A100")
+    node = NodeState(name="g0", cpu_allocated=4.0, memory_allocated_gib=4.0, gpu_free=7,
+                     workloads=("t",))
+    a100 = dataclasses.replace(a100, node_states=(node,))
+    c = Cluster(name="c", provider="aws", region="us-east-1", pools=(a100, v100))
+    gpu = dataclasses.replace(snapshot((), clusters=(c,)), workloads={"t": job})
+    assert replacements(gpu, "karpenter") == ()
+    anymodel = dataclasses.replace(gpu, workloads={"t": dataclasses.replace(
+        job, spec=dataclasses.replace(job.spec, gpu_model=None))})
+    assert _targets(anymodel) == [("g0", "v100")]
+    # A node that does not say what runs on it, or runs something without a known spec, is
+    # left alone: its pods' tolerations cannot be checked (n0 is the least used, so it
+    # would be first; the full n1, whose workload is known, goes instead).
+    unknown = _replace_world([(3.0, None), (4.0, workload("b", cpu=4.0))])
+    assert _targets(unknown) == [("n1", "src-spot")]
+    no_spec = dataclasses.replace(_replace_world([(3.0, workload("a", cpu=3.0))]),
+                                  workloads={})
+    assert _targets(no_spec) == []
+
+
+def test_karpenter_never_replaces_a_spot_node_at_the_default_feature_gates() -> None:
+    # SpotToSpotConsolidation is off by default: a spot candidate is not replaced, neither
+    # by a cheaper spot node nor by a cheaper on-demand one (Karpenter sends every spot
+    # candidate whose replacement may be spot to the gated path).
+    others = (pool("small-spot", price=0.1, nodes=0, max_nodes=40, node=SMALL,
+                   pricing=PricingModel.SPOT),
+              pool("small", price=0.2, nodes=0, max_nodes=40, node=SMALL))
+    snap = _replace_world([(1.0, workload("a")), (4.0, workload("b", cpu=4.0))],
+                          source=PricingModel.SPOT, others=others)
+    assert _targets(snap) == []
+    on_demand = _replace_world([(1.0, workload("a")), (4.0, workload("b", cpu=4.0))],
+                               others=others)
+    assert _targets(on_demand) == [("n0", "small-spot")]  # the same node on demand: replaced
+
+
+def test_karpenter_replaces_within_the_ten_percent_budget_less_those_in_flight() -> None:
+    full = [(4.0, workload(f"w{i}", cpu=4.0)) for i in range(20)]
+    assert len(_targets(_replace_world(full))) == 2  # ceil(10 % of 20)
+    # Nodes already being replaced (leaving) use the budget up: ceil(10 % of 21) - 1 = 2,
+    # ceil(10 % of 22) - 2 = 1.
+    assert len(_targets(_replace_world(full, leaving=1))) == 2
+    assert len(_targets(_replace_world(full, leaving=2))) == 1
+    assert len(_targets(_replace_world(full[:9], leaving=1))) == 0
+    # The target must be able to add the node: max_nodes, and the cluster's vCPU quota
+    # (20 nodes x 4 vCPU provisioned; 84 leaves room for one 4-vCPU replacement).
+    capped = (pool("src-spot", price=0.35, nodes=0, max_nodes=1, node=NODE4,
+                   pricing=PricingModel.SPOT),)
+    assert len(_targets(_replace_world(full, others=capped))) == 1
+    assert len(_targets(_replace_world(full, quota_vcpu=84.0))) == 1
+    # A pool something is deleted from this epoch gets no replacement (one command at a
+    # time); neither does a growing pool, nor any policy but karpenter.
+    snap = _replace_world(full)
+    drain = (PoolScaleIn("c", "src", ("n5",), reason="consolidate"),)
+    assert replacements(snap, "karpenter", drains=drain) == ()
+    assert replacements(snap, "karpenter", skip={("c", "src")}) == ()
+    for policy in ("lp", "greedy", "traditional"):
+        assert _targets(snap, policy) == []
+
+
+def test_plan_epoch_carries_karpenters_replacements() -> None:
+    from broker.domain import PolicyAction
+    from broker.placement.planner import PlannerConfig, plan_epoch
+
+    snap = _replace_world([(3.0, workload("a", cpu=3.0)), (4.0, workload("b", cpu=4.0))])
+    plan = plan_epoch(snap, PolicyAction(), PlannerConfig(), policy="karpenter")
+    assert [(r.node, r.target_pool) for r in plan.replacements] == [("n0", "src-spot")]
+    assert plan_epoch(snap, PolicyAction(), PlannerConfig(), policy="lp").replacements == ()

@@ -193,3 +193,57 @@ def test_a_service_left_unplaced_violates_from_the_moment_it_asked() -> None:
     queued = lp["queued_replica_h"]
     assert isinstance(queued, float)
     assert queued < 0.1  # placed in the first epoch; booting replicas are not queued
+
+
+def test_karpenter_replaces_on_demand_nodes_by_cheaper_spot_ones_and_saves() -> None:
+    # Karpenter's replace consolidation: two on-demand nodes (1 USD/h) of a service that
+    # tolerates spot, a spot pool of the same type (0.35 USD/h) in the cluster. Nothing can
+    # be deleted (neither node has room for the other's pod); each node is replaced (one
+    # per housekeeping tick: the 10 % budget of 2 nodes is 1), the new spot node ordered
+    # first and the old node drained once it is up. The same run with the replacements
+    # dropped from every plan keeps paying on-demand.
+    import dataclasses
+
+    from broker.domain import FederationSnapshot, PolicyAction
+    from broker.placement.planner import EpochPlan, PlannerConfig
+    from broker.sim.engine import Engine, SimConfig, default_planner
+    from broker.sim.realize import TwinNoise
+    from tests.unit.test_twin_scenario import FakeCatalog
+
+    d = doc(horizon_s=4 * 3600.0)
+    d["clusters"][0]["pools"] = [
+        {"instance_type": "cpu4", "nodes": 2, "max_nodes": 2},
+        {"instance_type": "cpu4", "nodes": 0, "max_nodes": 4, "spot": True}]
+    scn = scenario(d, "s,0,service,2,3,8,0,,,,0,,0\n")  # 3 of a node's 4 vCPU each
+    real = default_planner()
+
+    def without_replacements(snap: FederationSnapshot, action: PolicyAction,
+                             config: PlannerConfig, policy: str) -> EpochPlan:
+        return dataclasses.replace(real(snap, action, config, policy), replacements=())
+
+    def run_with(planner: object) -> tuple[dict[str, object], Engine]:
+        eng = Engine(scn, FakeCatalog(), SimConfig(policy="karpenter", check_invariants=True,
+                                                   noise=TwinNoise.off()),
+                     planner=planner)  # type: ignore[arg-type]
+        return eng.run(), eng
+
+    m, eng = run_with(None)
+    kept, eng_kept = run_with(without_replacements)
+    od, spot = eng.clusters["c1"].pools
+    assert eng.metrics.replaced_nodes == 2
+    assert (od.nodes, spot.nodes) == (0, 2)
+    assert (eng_kept.clusters["c1"].pools[0].nodes, eng_kept.metrics.replaced_nodes) == (2, 0)
+    assert eng.workloads["s"].running == 2
+    assert isinstance(m["cost_usd"], float)
+    assert isinstance(kept["cost_usd"], float)
+    assert kept["cost_usd"] == pytest.approx(8.0, abs=0.05)  # 2 nodes x 1 USD/h x 4 h
+    assert m["cost_usd"] < 0.5 * kept["cost_usd"]
+    # Replacement first: while the spot node boots (ordered at the 300-s tick, up at 401 s)
+    # the old node is tainted but still serves; both replicas run.
+    booting = Engine(dataclasses.replace(scn, horizon_s=380.0), FakeCatalog(),
+                     SimConfig(policy="karpenter", check_invariants=True, noise=TwinNoise.off()))
+    booting.run()
+    od, spot = booting.clusters["c1"].pools
+    assert [n.cordoned for n in od.node_list] == [True, False]
+    assert [n.ready_at > 380.0 for n in spot.node_list] == [True]
+    assert booting.workloads["s"].running == 2
