@@ -97,10 +97,15 @@ def batch_maps(catalog: NetworkCatalog | None, clusters: Iterable[Cluster],
     egress: dict[Pair, float] = {}
     if catalog is None:
         return rtt, egress
-    keys = {c.region_key for c in clusters if c.provider in CLOUD_PROVIDERS}
+    members = list(clusters)
+    keys = {c.region_key for c in members if c.provider in CLOUD_PROVIDERS}
+    by_name = {c.name: c.region_key for c in members}
     batch = list(pending)
     users = {w.spec.user_region for w in batch if w.spec.user_region and ":" in w.spec.user_region}
-    sources = {d.location for w in batch for d in w.spec.data if ":" in d.location}
+    # Data named by its cluster is priced from that cluster's region (the key
+    # candidates.egress_usd_per_gb looks up), not left to the fallback constants.
+    sources = {d.location if ":" in d.location else by_name[d.location]
+               for w in batch for d in w.spec.data if ":" in d.location or d.location in by_name}
     for a in users:
         for b in keys:
             with contextlib.suppress(ProviderError):

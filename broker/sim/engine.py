@@ -43,7 +43,7 @@ from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.placement.snapshot import MergeMemo
 from broker.sim import applying, faults, hazard, training
 from broker.sim.metrics import Metrics
-from broker.sim.network import user_rtt_table
+from broker.sim.network import egress_table, user_rtt_table
 from broker.sim.realize import SPOT_HAZARD, TwinNoise, realize, stream
 from broker.sim.scenario import CatalogLike, Scenario
 from broker.sim.snapshot import build_snapshot, network_of
@@ -147,6 +147,8 @@ class Engine:
         self._drain_at: list[float] = []
         self._user_regions = tuple(UserRegion(u.name, u.lat, u.lon) for u in scenario.user_regions)
         self.rtt = user_rtt_table(scenario)
+        # USD/GB of data moves as the twin charges them, for the planner's snapshot.
+        self.egress = egress_table(scenario, catalog)
         self.specs = {c.name: c for c in scenario.clusters}
         self.recent_demand_cpu = 0.0  # EWMA of submitted cpu per second (observation)
         # Cluster<->cluster RTT and throughput (static topology): the policy graph's edges.

@@ -53,6 +53,32 @@ class DataMove:
     egress_usd: float
 
 
+def egress_rate(src_key: str, dst_key: str, catalog: CatalogLike | None) -> float:
+    """USD per GB the twin charges for moving data from `src_key` to `dst_key` (both
+    `provider:region`): the catalog's price (its own fallbacks included), 0 in one region."""
+    if src_key == dst_key or catalog is None:
+        return 0.0
+    with contextlib.suppress(ProviderError):
+        return float(catalog.egress_usd_per_gb(src_key, dst_key))
+    return 0.0
+
+
+def egress_table(scenario: Scenario, catalog: CatalogLike | None) -> dict[tuple[str, str], float]:
+    """The egress prices the planner sees in the twin's snapshot: every data location of the
+    trace (as written, and as its `provider:region` key) to every cluster's region, at the
+    rate `data_move` charges. Without it the planner priced moves with its fallback constants
+    (candidates.egress_usd_per_gb: 0.09 USD/GB across providers) while the twin charged the
+    catalog's (0.12 from GCP), so it bought moves the twin then billed higher."""
+    clusters = {c.name: c for c in scenario.clusters}
+    dsts = {c.region_key for c in scenario.clusters}
+    table: dict[tuple[str, str], float] = {}
+    for loc in sorted({e.data_region for e in scenario.events if e.data_region}):
+        src = location_key(loc, clusters)
+        for dst in dsts:
+            table[(loc, dst)] = table[(src, dst)] = egress_rate(src, dst, catalog)
+    return table
+
+
 def data_move(ev: TraceEvent, dst: ClusterSpec, clusters: Mapping[str, ClusterSpec],
               catalog: CatalogLike | None, network_gbps: float) -> DataMove:
     """Moving a workload's input to `dst`: min(node NIC, measured pair throughput, uplink)."""
@@ -62,14 +88,12 @@ def data_move(ev: TraceEvent, dst: ClusterSpec, clusters: Mapping[str, ClusterSp
     dst_key = dst.region_key
     gbps = network_gbps
     cross = src != dst_key
-    egress = 0.0
+    egress = egress_rate(src, dst_key, catalog)
     if cross:
         tput = physics.THROUGHPUT_FALLBACK_GBPS
         if catalog is not None:
             with contextlib.suppress(ProviderError):
                 tput = catalog.throughput_gbps(src, dst_key)
-            with contextlib.suppress(ProviderError):
-                egress = catalog.egress_usd_per_gb(src, dst_key)
         gbps = min(gbps, tput)
         if dst.uplink_gbps is not None:
             gbps = min(gbps, dst.uplink_gbps)

@@ -233,7 +233,8 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
         replicas=replica_counts(engine.unfinished.values()), demand=demand,
         user_regions=tuple(UserRegion(u.name, u.lat, u.lon)
                            for u in engine.scenario.user_regions),
-        user_rtt_ms=engine.rtt, cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps)
+        user_rtt_ms=engine.rtt, cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps,
+        egress_usd_per_gb=engine.egress)
 
 
 def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,

@@ -213,3 +213,32 @@ def test_plan_scale_applies_headroom() -> None:
         policy="lp", fixed_action=PolicyAction(headroom=1.0), check_invariants=True))
     loose.run()
     assert tight.clusters["c1"].pools[0].nodes > loose.clusters["c1"].pools[0].nodes
+
+
+def test_the_planner_prices_data_moves_as_the_twin_charges_them() -> None:
+    # The twin's snapshot carries the catalog's egress prices (sim/network.egress_table), so a
+    # data move costs the planner what the twin then bills. Before, the snapshot had none and
+    # the planner used its fallback constants (0.09 USD/GB across providers) while the twin
+    # charged the catalog's price (here the FakeCatalog's 0.02; on federation-day GCP -> AWS
+    # was priced 0.09 and billed 0.12).
+    from broker.placement.planner import candidates
+    from broker.sim.network import data_move
+    from broker.sim.snapshot import build_snapshot
+
+    d = doc(nodes=1, max_nodes=2)
+    d["clusters"].append({"name": "e1", "provider": "edge", "lat": 41.0, "lon": -74.0,
+                          "capacity": {"cpu": 16, "memory_gib": 64, "price_per_hour": 1.0}})
+    eng = Engine(scenario(d, "j,0,batch,2,1,1,0,600,,,10,c1,0\n"), FakeCatalog(),
+                 SimConfig(noise=TwinNoise.off()))
+    eng._advance(1.0)
+    eng._arrive(eng.scenario.events[0])
+    ws = eng.workloads["j"]
+    snap = build_snapshot(eng, [ws])
+    cs = candidates(snap, PolicyAction(), SimConfig().planner)
+    specs = {c.name: c for c in eng.scenario.clusters}
+    for o, opt in enumerate(cs.options):
+        billed = data_move(ws.ev, specs[opt.cluster.name], specs, FakeCatalog(), 8.0).egress_usd
+        assert cs.egress[0, o] == pytest.approx(billed / 2)  # per replica: data shared by 2
+    edge = [o for o, opt in enumerate(cs.options) if opt.cluster.name == "e1"]
+    assert edge
+    assert cs.egress[0, edge[0]] == pytest.approx(10 * 0.02 / 2)
