@@ -423,3 +423,27 @@ def test_a_memoised_merge_equals_a_fresh_one_whichever_input_changes() -> None:
         kept += sum(a is b for a, b in zip(pools, last, strict=False))
         last = pools
     assert kept > 0  # the memo was used: unchanged pools are the same object
+
+
+def test_data_named_by_its_cluster_gets_the_catalogs_egress_price() -> None:
+    # The live snapshot's egress table (network.batch_maps) priced only data written as
+    # `provider:region`; data named by a member cluster fell to the planner's fallback
+    # constants (0.09 USD/GB across providers) whatever the catalog said.
+    from broker.domain import DataSource
+    from broker.placement.candidates import egress_usd_per_gb
+    from broker.placement.network import batch_maps
+    from providers.catalog import Catalog
+    from tests.unit.placement_world import federation, snapshot, workload
+
+    cat = Catalog.load()
+    clusters = federation()
+    by_name = {c.name: c for c in clusters}
+    job = workload("j", data=(DataSource(size_gb=10.0, location="gcp-euw4"),))
+    _, egress = batch_maps(cat, clusters, (job,))
+    src = by_name["gcp-euw4"]
+    for dst in clusters:
+        if dst.provider == "aws":
+            priced = egress_usd_per_gb(snapshot((job,), egress_usd_per_gb=egress), by_name,
+                                       "gcp-euw4", dst)
+            assert priced == cat.egress_usd_per_gb(src.region_key, dst.region_key)
+            assert priced != 0.09  # the catalog's GCP price, not the fallback constant
