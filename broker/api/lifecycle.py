@@ -8,7 +8,8 @@ re-planned when it must change:
   rollout: the same assignments are recorded as a new placement, which the dispatcher applies
   (the Kubernetes driver patches the object; its rolling update keeps the ready replicas);
 - fewer replicas -> a scale in place: the same clusters and pools, replicas taken off the
-  last assignments, applied the same way;
+  last assignments, applied the same way; replicas the planner added for a latency SLO
+  stay (placement/feasibility.py `scaled_down_replicas`);
 - anything else (more replicas, resources, where it may run) -> re-planned: the workload goes
   back to the planner with the new spec; what runs keeps running until its new placement
   replaces it (a placement on the same cluster is applied as a patch, i.e. a scale).
@@ -24,6 +25,7 @@ from typing import Any
 
 from broker.domain import Assignment, Placement, WorkloadSpec, WorkloadStatus
 from broker.errors import ConflictError, SpecError
+from broker.placement.feasibility import scaled_down_replicas
 from broker.store import UnitOfWork, WorkloadRecord
 from broker.store.workloads import TERMINAL, is_workload_id
 
@@ -99,10 +101,13 @@ async def upsert(uow: UnitOfWork, *, tenant: str, ref: str | None,
         rec = await uow.workloads.update_spec(w.id, spec, message=message, requeue=True)
         return rec, False, "replanned" if w.status in LIVE else "updated"
     p = active.placement
-    assignments = p.assignments if change == "rollout" else shrunk(p.assignments,
-                                                                   spec.replicas)
-    message = "rolling out the changed spec" if change == "rollout" else \
-        f"scaled in place to {spec.replicas} replicas"
+    if change == "rollout":
+        assignments, message = p.assignments, "rolling out the changed spec"
+    else:
+        keep = scaled_down_replicas(w.spec.replicas, spec.replicas, p.placed_replicas)
+        assignments = shrunk(p.assignments, keep)
+        message = f"scaled in place to {spec.replicas} replicas" + (
+            f" (+{keep - spec.replicas} for the latency SLO)" if keep > spec.replicas else "")
     await uow.workloads.update_spec(w.id, spec, message=message, requeue=False)
     await uow.placements.record(Placement(
         workload_id=w.id, assignments=assignments,

@@ -378,6 +378,22 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
     return tuple(out), extra
 
 
+def scaled_down_replicas(asked_before: int, asked_now: int, placed: int) -> int:
+    """Replicas a workload keeps when scaled down in place from `asked_before` to
+    `asked_now` asked replicas while `placed` are placed: the asked difference goes, the
+    replicas SLO sizing added (`placed - asked_before`, size_for_slo) stay.
+
+    Why keep them rather than drop them with the asked ones: the load is what the asked
+    replicas were sized for (queueing.offered_load), so it falls with the asked count, and
+    with the same added replicas each replica carries less than when size_for_slo admitted
+    its clusters (TARGET x a / (a + e) grows with a): the service still serves inside its
+    SLO wherever it runs, with no snapshot needed to check it again. The twin's `scale`
+    event does the same (sim/engine.py `_scale` removes the asked difference). A partly
+    placed workload (placed < asked_before) keeps at most what is placed.
+    """
+    return max(0, min(placed, asked_now + max(0, placed - asked_before)))
+
+
 def domain_key(cluster: Cluster, topology: str) -> str:
     """Spread domain of a cluster: the cluster itself (cluster/zone) or its region."""
     return cluster.region_key if topology == "region" else cluster.name

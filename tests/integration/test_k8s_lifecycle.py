@@ -282,3 +282,46 @@ async def test_watch_resumes_after_last_event_id_without_the_listing(world: Worl
               if line.startswith("data: ")]
     assert "placed" in phases
     assert wid in r.text
+
+
+async def test_a_scale_down_in_place_keeps_the_replicas_slo_sizing_added(
+        tmp_path: Path) -> None:
+    """The README tour's shop-frontend asks 3 replicas and the planner places 4 for its
+    30 ms SLO under queueing (feasibility.size_for_slo). Scaled down to 2 in place, it keeps
+    the added replica (3 placed, as the twin's scale event keeps them); shrinking to the
+    asked 2 dropped it until the next re-plan."""
+    from broker.app import start_up
+    from broker.federation.placement_loop import make_placement_loop
+    from tests.integration.test_drivers_wiring import _tour_documents
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'skyfed.db'}"
+    from broker.store import migrate
+    await migrate.upgrade(url)
+    rt = build_runtime(load_settings(store={"url": url}, data_dir=tmp_path,
+                                     policy={"checkpoint": "none"}))
+    try:
+        h = {"Authorization": f"Bearer {await ensure_admin_token(rt)}"}
+        await start_up(rt)
+        clusters, workloads = _tour_documents()
+        [shop] = [d for d in workloads if d["metadata"]["name"] == "shop-frontend"]
+        transport = httpx.ASGITransport(app=create_app(rt))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            for body in clusters:
+                assert (await c.post("/v1/clusters", json=body, headers=h)).status_code == 201
+            wid = (await c.post("/v1/workloads", json=shop, headers=h)).json()["id"]
+            plan = await make_placement_loop(rt).tick()
+            assert plan is not None
+            assert plan.slo_extra_replicas == {wid: 1}
+            [before] = plan.placements
+            assert before.placed_replicas == 4
+            r = await c.patch(f"/v1/workloads/{wid}", json={"spec": {"replicas": 2}},
+                              headers={**h, "Content-Type": "application/merge-patch+json"})
+            assert (r.status_code, r.json()["change"]) == (200, "scale-down"), r.text
+            assert r.json()["spec"]["replicas"] == 2
+            pid = r.json()["status"]["placementId"]
+            after = (await c.get(f"/v1/placements/{pid}", headers=h)).json()
+        assert sum(a["replicas"] for a in after["assignments"]) == 3
+    finally:
+        if rt.driver_registry is not None:
+            await rt.driver_registry.aclose()
+        await rt.store.close()

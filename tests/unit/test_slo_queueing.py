@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from broker.domain import PolicyAction, Spread
-from broker.placement import queueing
+from broker.placement import feasibility, queueing
 from broker.placement.network import RttResolver
 from broker.placement.planner import SLO_QUEUEING_POLICIES, PlannerConfig, plan_epoch
 from providers.geo import RTT_FLOOR_MS
@@ -58,6 +58,32 @@ def test_replicas_for_slack_is_the_fewest_that_fit() -> None:
     assert queueing.replicas_for_slack(1, 0.0) is None
     assert queueing.replicas_for_slack(1, 0.01) is None  # past MAX_SLO_REPLICA_FACTOR
     assert queueing.replicas_for_slack(0, 5.0) is None
+
+
+@pytest.mark.parametrize(("before", "now", "placed", "kept"), [
+    (3, 2, 4, 3),  # the replica SLO sizing added stays
+    (6, 1, 10, 5),
+    (3, 2, 3, 2),  # none added: the asked count
+    (10, 8, 6, 6),  # partly placed: what is placed
+    (10, 2, 6, 2),
+])
+def test_a_scale_down_keeps_the_replicas_slo_sizing_added(before: int, now: int, placed: int,
+                                                           kept: int) -> None:
+    assert feasibility.scaled_down_replicas(before, now, placed) == kept
+
+
+def test_after_a_scale_down_no_replica_waits_longer_than_sizing_admitted() -> None:
+    """Each SLO-sized service keeps its added replicas, so one replica alone waits no longer
+    than at the count size_for_slo chose: the clusters it admitted still fit."""
+    slack = 10.0 - RTT_FLOOR_MS
+    for before in range(1, 30):
+        n = queueing.replicas_for_slack(before, slack)
+        assert n is not None
+        sized = queueing.queue_wait_ms(1, queueing.offered_load(before) / n)
+        for now in range(1, before):
+            kept = feasibility.scaled_down_replicas(before, now, n)
+            assert now <= kept <= n
+            assert queueing.queue_wait_ms(1, queueing.offered_load(now) / kept) <= sized + 1e-12
 
 
 @pytest.mark.parametrize("policy", ["greedy", "lp"])
