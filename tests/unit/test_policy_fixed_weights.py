@@ -60,10 +60,9 @@ def test_save_records_todays_fixed_weights_and_loads_without_warning(tmp_path: P
 
 def test_a_moved_default_is_named_with_both_values(tmp_path: Path) -> None:
     model = ActorCritic.load(_checkpoint(tmp_path / "old.pt", _old_timer()))
-    now = fixed_weights()["idle_timeout_s"]
+    old, now = _old_timer()["idle_timeout_s"], fixed_weights()["idle_timeout_s"]
     [line] = model.fixed_weights_warnings()
-    assert line == (f"fixed weight idle_timeout_s: trained against {_old_timer()['idle_timeout_s']}, "
-                    f"today {now:g}")
+    assert line == f"fixed weight idle_timeout_s: trained against {old}, today {now:g}"
 
 
 def test_values_only_one_side_has_are_named() -> None:
@@ -94,7 +93,8 @@ def test_live_load_logs_the_warning_and_the_banner_names_it(
     assert "idle_timeout_s: trained against" in caplog.text
     assert "old.pt" in caplog.text
     banner = rt.describe()
-    assert "(sha256 " in banner and "; WARNING: fixed weight" in banner
+    assert "(sha256 " in banner
+    assert "; WARNING: fixed weight" in banner
     assert "idle_timeout_s: trained against" in banner
 
 
