@@ -449,6 +449,9 @@ class PolicyAction:
     reserve: `reserve_nodes` is how many whole free nodes each multi-GPU pool keeps for
     whole-node jobs beyond those queued (missing: 0, only the queued ones). The defaults
     are the fixed weights (`lp`).
+    Per pool (cluster -> pool name -> value), each overriding the cluster's value for that
+    pool: `pool_idle_timeout_s`, `pool_warm_nodes` and `pool_spot_bias_usd_per_hour` (its
+    options, if it is a spot pool); `for_pool` reads the one that applies.
     """
 
     cluster_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
@@ -460,6 +463,21 @@ class PolicyAction:
     spot_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
     consolidate_below: Mapping[str, float] = field(default_factory=dict)
     reserve_nodes: Mapping[str, int] = field(default_factory=dict)
+    pool_idle_timeout_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    pool_warm_nodes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    pool_spot_bias_usd_per_hour: Mapping[str, Mapping[str, float]] = field(
+        default_factory=dict)
+
+    def for_pool(self, name: str, cluster: str, pool: str, default: float) -> float:
+        """Field `name`'s value for one pool: `pool_<name>[cluster][pool]`, else
+        `<name>[cluster]`, else `default` (name: idle_timeout_s, warm_nodes or
+        spot_bias_usd_per_hour)."""
+        per_pool: Mapping[str, Mapping[str, float]] = getattr(self, f"pool_{name}")
+        got = per_pool.get(cluster, {}).get(pool)
+        if got is not None:
+            return float(got)
+        per_cluster: Mapping[str, float] = getattr(self, name)
+        return float(per_cluster.get(cluster, default))
 
 
 _NO_DEMAND = (0.0, 0.0)

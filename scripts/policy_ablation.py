@@ -50,7 +50,7 @@ def main() -> None:
     model = load_model(args.checkpoint)
     if model is None:
         raise SystemExit("no checkpoint")
-    names = [a.name for a in ACTIONS]
+    names = [a.field for a in ACTIONS]
     for variant in ["lp", "all", *(f"only:{n}" for n in names)]:
         costs, slo = [], []
         for seed in (int(s) for s in args.seeds.split(",")):

@@ -67,6 +67,8 @@ PER_CLUSTER_FIELDS = {"bias_usd_per_hour": "cluster_bias_usd_per_hour",
                       "spot_bias_usd_per_hour": "spot_bias_usd_per_hour",
                       "consolidate_below": "consolidate_below",
                       "reserve_nodes": "reserve_nodes"}
+# The per-pool actions (cluster -> pool -> value), recorded under their field names.
+PER_POOL_FIELDS = ("pool_idle_timeout_s", "pool_warm_nodes", "pool_spot_bias_usd_per_hour")
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,9 @@ class PolicyRuntime:
         return self.identity() | {
             "headroom": action.headroom, "prewarm_lead_s": action.prewarm_lead_s,
             "latency_weight_usd_per_ms": action.latency_weight_usd_per_ms,
-            **{key: dict(getattr(action, attr)) for key, attr in PER_CLUSTER_FIELDS.items()}}
+            **{key: dict(getattr(action, attr)) for key, attr in PER_CLUSTER_FIELDS.items()},
+            **{key: {c: dict(v) for c, v in getattr(action, key).items()}
+               for key in PER_POOL_FIELDS}}
 
     def _baseline_and_remember(self, obs: GraphObs, *, remember: bool = True
                                ) -> tuple[np.ndarray, np.ndarray]:
@@ -184,13 +188,15 @@ def share_observation(record: Mapping[str, object], holder_id: str) -> dict[str,
 
 def per_placement(record: Mapping[str, object], placement: Placement) -> dict[str, object]:
     """The epoch's policy record narrowed to one placement: the bias (0 when absent) and every
-    other per-cluster action of its chosen clusters only, never another cluster's name."""
+    other per-cluster and per-pool action of its chosen clusters only, never another
+    cluster's name."""
     out = dict(record)
     bias = record.get("bias_usd_per_hour")
     chosen = sorted({a.cluster for a in placement.assignments})
     out["bias_usd_per_hour"] = {c: (bias.get(c, 0.0) if isinstance(bias, Mapping) else 0.0)
                                 for c in chosen}
-    for key in (k for k in PER_CLUSTER_FIELDS if k != "bias_usd_per_hour"):
+    for key in (*(k for k in PER_CLUSTER_FIELDS if k != "bias_usd_per_hour"),
+                *PER_POOL_FIELDS):
         values = record.get(key)
         if isinstance(values, Mapping):
             out[key] = {c: values[c] for c in chosen if c in values}
@@ -206,17 +212,29 @@ def encode_observation(obs: GraphObs, baseline: tuple[np.ndarray, np.ndarray]
                        ) -> dict[str, object]:
     """The observation and its reference as plain JSON lists (rounded to 5 decimals).
 
-    The reference's node rows are all the clusters' mean, so one row is stored.
+    The reference's node rows are all the clusters' mean, and its pool rows all the pools'
+    mean, so one row of each is stored.
     """
+    pool_mean = obs.pool_x.mean(axis=0) if len(obs.pools) else np.zeros(0)
     return {"names": list(obs.names), "node_x": _rounded(obs.node_x),
             "batch_x": _rounded(obs.batch_x), "edge_index": obs.edge_index.tolist(),
             "edge_x": _rounded(obs.edge_x), "baseline_node_mean": _rounded(baseline[0][0]),
-            "baseline_batch_x": _rounded(baseline[1])}
+            "baseline_batch_x": _rounded(baseline[1]),
+            "pools": [list(p) for p in obs.pools], "pool_x": _rounded(obs.pool_x),
+            "pool_cluster": obs.pool_cluster.tolist(),
+            "baseline_pool_mean": _rounded(pool_mean)}
 
 
 def decode_observation(blob: Mapping[str, Any]) -> tuple[GraphObs, GraphObs]:
-    """(observation, baseline) from `encode_observation`'s dict; ValueError if malformed."""
-    from broker.placement.policy import BATCH_FEATURES, EDGE_FEATURES, NODE_FEATURES, GraphObs
+    """(observation, baseline) from `encode_observation`'s dict; ValueError if malformed.
+    Records written before the per-pool actions have no pools."""
+    from broker.placement.policy import (
+        BATCH_FEATURES,
+        EDGE_FEATURES,
+        NODE_FEATURES,
+        POOL_FEATURES,
+        GraphObs,
+    )
 
     try:
         names = tuple(str(n) for n in blob["names"])
@@ -233,9 +251,18 @@ def decode_observation(blob: Mapping[str, Any]) -> tuple[GraphObs, GraphObs]:
         def batch(key: str) -> np.ndarray:
             return np.asarray(blob[key], dtype=np.float32).reshape(len(BATCH_FEATURES))
 
-        obs = GraphObs(names, node("node_x"), edge_index, edge_x, batch("batch_x"))
+        pools = tuple((str(c), str(p)) for c, p in blob.get("pools", []))
+        pf = len(POOL_FEATURES)
+        pool_x = np.asarray(blob.get("pool_x", []), dtype=np.float32).reshape(len(pools), pf)
+        pool_cluster = np.asarray(blob.get("pool_cluster", []), dtype=np.int64).reshape(
+            len(pools))
+        pool_mean = np.asarray(blob.get("baseline_pool_mean", []), dtype=np.float32)
+        base_pools = np.repeat(pool_mean.reshape(1, pf), len(pools), axis=0) if pools \
+            else pool_x
+        obs = GraphObs(names, node("node_x"), edge_index, edge_x, batch("batch_x"), pools,
+                       pool_x, pool_cluster)
         base = GraphObs(names, np.repeat(mean, n, axis=0), edge_index, edge_x,
-                        batch("baseline_batch_x"))
+                        batch("baseline_batch_x"), pools, base_pools, pool_cluster)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"stored policy observation is malformed: {exc}") from exc
     return obs, base
@@ -253,7 +280,7 @@ def explain_policy(model: ActorCritic, record: Mapping[str, Any], *,
     value - baseline (permutation estimator, additive per permutation). Synchronous torch:
     call it off the event loop.
     """
-    from broker.placement.policy import shap_values
+    from broker.placement.attribution import shap_values
 
     one_torch_thread()
     obs, base = decode_observation(record["observation"])
@@ -271,7 +298,7 @@ def explain_policy(model: ActorCritic, record: Mapping[str, Any], *,
 
 
 def _output(action: PolicyAction, name: str) -> float:
-    """The value of output `name` (policy.output_names) in `action`."""
+    """The value of output `name` (attribution.output_names) in `action`."""
     if name == "headroom":
         return action.headroom
     if name == "prewarm_lead_s":

@@ -411,7 +411,8 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
                          else 1.0 for o in options], dtype=np.float64)
     compute = usdh * marginal[None, :] * hours[:, None]
     bias_c = np.array([action.cluster_bias_usd_per_hour.get(o.cluster.name, 0.0)
-                       + (action.spot_bias_usd_per_hour.get(o.cluster.name, 0.0)
+                       + (action.for_pool("spot_bias_usd_per_hour", o.cluster.name,
+                                          o.pool.name, 0.0)
                           if o.pool.pricing is PricingModel.SPOT else 0.0)
                        for o in options], dtype=np.float64)
     bias = hours[:, None] * bias_c[None, :]

@@ -19,9 +19,10 @@ a node observed empty (`NodeState.idle_since_s`, kept by the inventory poller li
 engine in the twin) for at least `scale_in_idle_s` is removed, unless the pool is growing
 this epoch; never more nodes than the pool's free capacity after this epoch's placements
 holds (aggregate CPU and memory), never a booting or leaving node, never on fixed sites.
-The policy may set the timer per cluster (`PolicyAction.idle_timeout_s`, else
-`scale_in_idle_s`) and a warm pool (`PolicyAction.warm_nodes`): that many empty ready nodes
-of each of the cluster's pools are kept (the longest idle go first). Look-ahead (policies
+The policy may set the timer per pool or per cluster (`PolicyAction.for_pool`:
+`pool_idle_timeout_s`, else `idle_timeout_s`, else `scale_in_idle_s`) and a warm pool
+(`pool_warm_nodes`, else `warm_nodes`): that many empty ready nodes of the pool are kept
+(the longest idle go first). Look-ahead (policies
 with prewarm, `forecast=True`): scale-in never takes a pool below what the prewarm rule
 below would order back over the same lead L, i.e. it removes at most the largest k with
 floor((used + rate * L - (nodes - k) * unit) / unit + 1/2) <= 0: a node the forecast says
@@ -133,7 +134,9 @@ def retries(batch: Sequence[Workload], unplaced: Mapping[str, str], now_s: float
     return tuple(out)
 
 
-def _fixed(c: Cluster, p: Pool) -> bool:
+def fixed_pool(c: Cluster, p: Pool) -> bool:
+    """Fixed hardware (an edge site's): never scaled in or prewarmed, so no policy timer,
+    warm pool or spot bias acts on it (placement/observe.py leaves it out of the pools)."""
     return c.is_edge or p.pricing is PricingModel.EDGE
 
 
@@ -184,16 +187,16 @@ def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
     after `forecast_idle_s` instead of `scale_in_idle_s` where the policy sets no timer."""
     now = snapshot.now_s
     lead = max(0.0, action.prewarm_lead_s) if action is not None else 0.0
-    timers = action.idle_timeout_s if action is not None else {}
-    warm_pools = action.warm_nodes if action is not None else {}
+    default = cfg.forecast_idle_s if forecast else cfg.scale_in_idle_s
     out = []
     for c in snapshot.clusters:
-        timer = max(0.0, float(timers.get(
-            c.name, cfg.forecast_idle_s if forecast else cfg.scale_in_idle_s)))
-        warm = max(0, int(warm_pools.get(c.name, 0)))
         for p in c.pools:
-            if _fixed(c, p) or (c.name, p.name) in growing or not p.node_states:
+            if fixed_pool(c, p) or (c.name, p.name) in growing or not p.node_states:
                 continue
+            timer, warm = default, 0
+            if action is not None:
+                timer = max(0.0, action.for_pool("idle_timeout_s", c.name, p.name, default))
+                warm = max(0, int(action.for_pool("warm_nodes", c.name, p.name, 0.0)))
             empty = [n for n in p.node_states
                      if n.idle_since_s is not None and not n.booting
                      and n.leaving is NodeLeaving.NO and n.cpu_allocated <= 1e-9
@@ -235,7 +238,7 @@ def prewarm_nodes(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decis
         if not c.healthy:
             continue
         for p in c.pools:
-            if _fixed(c, p):
+            if fixed_pool(c, p):
                 continue
             key = (c.name, p.name)
             used, rate, unit = _forecast(p, placed, key, snapshot.demand_of(*key))

@@ -20,6 +20,23 @@ names are the checkpoint format), one row per cluster, each scaled to roughly [0
 - forecast_cpu_frac, forecast_gpu_frac: the demand forecast over the next window W
   (the pools' demand EWMA x W) / provisioned vCPUs (GPUs), capped at FORECAST_CAP.
 
+Pool rows (policy.POOL_FEATURES), one per scalable pool (decisions.fixed_pool is not: an
+edge site's hardware is never scaled), in cluster then pool order, with their cluster's row
+index (`GraphObs.pool_cluster`); what the per-pool actions (idle timeout, warm pool, spot
+bias) act on:
+
+- free_cpu_frac, free_gpu_frac, price_usd_per_vcpu_hour, reclaim_rate_per_hour: as the
+  cluster's, for this pool alone; is_spot; is_gpu (GPUs per node > 0);
+- node_vcpu_log: log1p(vCPUs per node) / NODE_VCPU_LOG_SCALE (a node's size: 8 vCPUs 0.44,
+  96 vCPUs 0.91);
+- nodes_of_max: nodes / max_nodes (room left to grow);
+- booting_frac, idle_node_frac: as the cluster's, for this pool;
+- idle_age_frac: the mean time its idle nodes have been idle (`NodeState.idle_since_s`) /
+  action_space.IDLE_TIMEOUT_MAX_S, capped at 1 (0 without idle nodes): how close they are
+  to a timer;
+- forecast_frac: the pool's forecast over W in its bottleneck unit (GPUs on GPU pools, else
+  vCPUs) / what it provisions (/ one node when it has none), capped at FORECAST_CAP.
+
 Demand forecasts are on the caller's own time scale: W = `forecast_window_s`, the time the
 policy's action stands (the twin passes its decision interval; the live broker the same
 default), so a 1-hour scenario and a 1-day one are both forecast over what the next action
@@ -40,9 +57,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from broker.domain import Cluster, FederationSnapshot, PricingModel, WorkloadKind
+from broker.domain import Cluster, FederationSnapshot, Pool, PricingModel, WorkloadKind
+from broker.placement.action_space import IDLE_TIMEOUT_MAX_S
+from broker.placement.decisions import fixed_pool
 from broker.placement.network import THROUGHPUT_FALLBACK_GBPS, is_fixed
-from broker.placement.policy import EDGE_FEATURES, NODE_FEATURES, GraphObs
+from broker.placement.policy import EDGE_FEATURES, NODE_FEATURES, POOL_FEATURES, GraphObs
 from providers.geo import estimate_rtt_ms
 
 PRICE_SCALE_USD_PER_VCPU_HOUR = 0.1
@@ -51,6 +70,7 @@ K_NEIGHBOURS = 4
 UNKNOWN_RTT_MS = 1000.0
 FORECAST_WINDOW_S = 300.0
 FORECAST_CAP = 4.0
+NODE_VCPU_LOG_SCALE = 5.0
 
 
 def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S,
@@ -93,6 +113,35 @@ def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S,
         spot_cpu / cpu_prov if cpu_prov else 0.0,
         min(FORECAST_CAP, fc_cpu / cpu_prov) if cpu_prov else min(FORECAST_CAP, fc_cpu),
         min(FORECAST_CAP, fc_gpu / gpu_prov) if gpu_prov else min(FORECAST_CAP, fc_gpu),
+    ]
+
+
+def pool_features(p: Pool, now_s: float, forecast_window_s: float = FORECAST_WINDOW_S,
+                  rate: tuple[float, float] = (0.0, 0.0)) -> list[float]:
+    """One pool's row of POOL_FEATURES (see the module docstring); `rate`: its demand
+    rates (FederationSnapshot.demand_of), vCPU/s and GPU/s."""
+    cpu_prov, gpu_prov = p.nodes * p.node.cpu, p.nodes * p.node.gpu
+    idle = [n for n in p.node_states if not n.booting and n.cpu_allocated <= 1e-9
+            and n.gpu_free >= p.node.gpu]
+    ages = [min(1.0, max(0.0, now_s - n.idle_since_s) / IDLE_TIMEOUT_MAX_S)
+            for n in idle if n.idle_since_s is not None]
+    gpu = p.node.gpu > 0
+    unit = p.node.gpu if gpu else p.node.cpu
+    forecast = (rate[1] if gpu else rate[0]) * forecast_window_s
+    have = gpu_prov if gpu else cpu_prov
+    return [
+        1.0 - p.used.cpu / cpu_prov if cpu_prov else 1.0,
+        1.0 - p.used.gpu / gpu_prov if gpu_prov else 0.0,
+        p.price_usd_per_hour / max(p.node.cpu, 1.0) / PRICE_SCALE_USD_PER_VCPU_HOUR,
+        1.0 if p.pricing is PricingModel.SPOT else 0.0,
+        p.reclaim_rate_per_hour,
+        1.0 if gpu else 0.0,
+        math.log1p(max(0.0, p.node.cpu)) / NODE_VCPU_LOG_SCALE,
+        p.nodes / p.max_nodes if p.max_nodes > 0 else 0.0,
+        sum(1 for n in p.node_states if n.booting) / p.nodes if p.nodes else 0.0,
+        len(idle) / p.nodes if p.nodes else 0.0,
+        sum(ages) / len(ages) if ages else 0.0,
+        min(FORECAST_CAP, forecast / (have if have > 0 else max(unit, 1e-9))),
     ]
 
 
@@ -149,7 +198,15 @@ def observe(snapshot: FederationSnapshot, *, k_neighbours: int = K_NEIGHBOURS,
     edge_index, edge_x = edges(snapshot, k_neighbours)
     node_x = np.asarray([node_features(c, window, snapshot.demand)
                          for c in clusters], dtype=np.float32)
+    pools = [(i, c, p) for i, c in enumerate(clusters) for p in c.pools
+             if not fixed_pool(c, p)]
+    pool_x = np.asarray([pool_features(p, snapshot.now_s, window,
+                                       snapshot.demand_of(c.name, p.name))
+                         for _, c, p in pools], dtype=np.float32)
     return GraphObs(names=tuple(c.name for c in clusters),
                     node_x=node_x.reshape(len(clusters), len(NODE_FEATURES)),
                     edge_index=edge_index, edge_x=edge_x,
-                    batch_x=np.asarray(batch_features(snapshot, window), dtype=np.float32))
+                    batch_x=np.asarray(batch_features(snapshot, window), dtype=np.float32),
+                    pools=tuple((c.name, p.name) for _, c, p in pools),
+                    pool_x=pool_x.reshape(len(pools), len(POOL_FEATURES)),
+                    pool_cluster=np.asarray([i for i, _, _ in pools], dtype=np.int64))

@@ -5,8 +5,9 @@
 Why a surrogate: the GNN is not readable; a depth-3 tree fitted to its outputs over states the
 policy actually visited is, and its held-out R^2 says how far the rules can be trusted (the
 seed's section 2.3). One tree per action (policy.ACTIONS). Inputs per row: the cluster's own
-node features plus the batch features (for a per-cluster action of that cluster), or the mean
-node features plus batch features (for headroom and prewarm lead). scikit-learn's
+node features plus the batch features (for a per-cluster action of that cluster), the pool's
+own features, its cluster's and the batch features (for a per-pool action of that pool), or
+the mean node features plus batch features (for headroom and prewarm lead). scikit-learn's
 DecisionTreeRegressor is used for the printed rules (it comes with the `explain` extra's
 shap); `xgboost_fidelity` reports a shallow XGBoost fit alongside.
 """
@@ -24,9 +25,8 @@ from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.policy import (
     ACTIONS,
     BATCH_FEATURES,
-    GLOBAL_ACTIONS,
-    NODE_ACTIONS,
     NODE_FEATURES,
+    POOL_FEATURES,
     ActorCritic,
     FixedPolicy,
     GraphObs,
@@ -58,33 +58,40 @@ def visited_states(model: ActorCritic, catalog: Catalog, *, scenario: Path | Non
 def _outputs(model: ActorCritic, obs: GraphObs) -> np.ndarray:
     """The mean action in action units, laid out as ActorCritic.forward_tensors' output."""
     mean = model.forward_obs(obs)[0].detach().numpy()
-    return squash(len(obs.names), mean)
+    return squash(obs.layout, mean)
 
 
 def datasets(model: ActorCritic, states: list[GraphObs]
              ) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
     """Per output: inputs, targets and input names. A per-cluster action is fitted on that
-    cluster's own node features plus the batch features; a global one on the mean node
-    features plus the batch features."""
+    cluster's own node features plus the batch features; a per-pool one on the pool's
+    features, its cluster's and the batch's; a global one on the mean node features plus the
+    batch features."""
     node_names = [f"node.{f}" for f in NODE_FEATURES]
+    pool_names = [f"pool.{f}" for f in POOL_FEATURES]
     mean_names = [f"mean.{f}" for f in NODE_FEATURES]
     batch_names = [f"batch.{f}" for f in BATCH_FEATURES]
+    names = {"cluster": node_names + batch_names,
+             "pool": pool_names + node_names + batch_names, "global": mean_names + batch_names}
     xs: dict[str, list[np.ndarray]] = {a.name: [] for a in ACTIONS}
     ys: dict[str, list[float]] = {a.name: [] for a in ACTIONS}
     for obs in states:
         out = _outputs(model, obs)
-        n = len(obs.names)
-        for k, spec in enumerate(NODE_ACTIONS):
-            for i in range(n):
-                xs[spec.name].append(np.concatenate([obs.node_x[i], obs.batch_x]))
-                ys[spec.name].append(float(out[k * n + i]))
         glob_x = np.concatenate([obs.node_x.mean(axis=0), obs.batch_x])
-        for j, spec in enumerate(GLOBAL_ACTIONS):
-            xs[spec.name].append(glob_x)
-            ys[spec.name].append(float(out[len(NODE_ACTIONS) * n + j]))
-    return {a.name: (np.asarray(xs[a.name]), np.asarray(ys[a.name]),
-                     (node_names if a.per_cluster else mean_names) + batch_names)
-            for a in ACTIONS}
+        for spec in ACTIONS:
+            col = out[obs.layout.block(spec)]
+            if spec.scope == "cluster":
+                rows = [np.concatenate([obs.node_x[i], obs.batch_x])
+                        for i in range(len(obs.names))]
+            elif spec.scope == "pool":
+                rows = [np.concatenate([obs.pool_x[j], obs.node_x[obs.pool_cluster[j]],
+                                        obs.batch_x]) for j in range(len(obs.pools))]
+            else:
+                rows = [glob_x]
+            xs[spec.name] += rows
+            ys[spec.name] += [float(v) for v in col]
+    return {a.name: (np.asarray(xs[a.name]).reshape(len(ys[a.name]), len(names[a.scope])),
+                     np.asarray(ys[a.name]), names[a.scope]) for a in ACTIONS}
 
 
 def _split(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, ...]:
@@ -104,7 +111,8 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float:
 
 def surrogate_rules(model: ActorCritic, *, scenario: Path | None = None, depth: int = 3,
                     seed: int = 0, states: list[GraphObs] | None = None) -> dict[str, object]:
-    """Fit the surrogates; returns {"states": n, "outputs": {name: {"r2", "rules", ...}}}.
+    """Fit the surrogates; returns {"states": n, "outputs": {name: {"r2", "rules", "leaves",
+    ...}}}.
 
     `states` defaults to the states the policy visits in the twin (`visited_states`).
     """
@@ -114,12 +122,20 @@ def surrogate_rules(model: ActorCritic, *, scenario: Path | None = None, depth: 
         states = visited_states(model, Catalog.load(), scenario=scenario)
     outputs: dict[str, dict[str, object]] = {}
     for name, (x, y, names) in datasets(model, states).items():
+        if len(y) == 0:  # e.g. a per-pool action where no visited state has a scalable pool
+            outputs[name] = {"r2": None, "xgboost_r2": None, "rules": "", "leaves": [],
+                             "samples": 0}
+            continue
         xtr, ytr, xte, yte = _split(x, y, seed)
         tree = DecisionTreeRegressor(max_depth=depth, random_state=seed).fit(xtr, ytr)
+        leaf = tree.tree_.children_left == -1
         outputs[name] = {
             "r2": round(_r2(yte, tree.predict(xte)), 4),
             "xgboost_r2": xgboost_fidelity(xtr, ytr, xte, yte, depth, seed),
             "rules": export_text(tree, feature_names=names, decimals=3),
+            # Each leaf's value (the action the rule gives), low to high: whether the rules'
+            # leaves differ materially is read here.
+            "leaves": sorted(round(float(v), 4) for v in tree.tree_.value[leaf].reshape(-1)),
             "samples": len(y),
         }
     return {"states": len(states), "outputs": outputs}
@@ -162,14 +178,16 @@ def decisions_of(plan: EpochPlan) -> tuple[Hashable, ...]:
 
 
 def action_values(action: PolicyAction) -> dict[str, list[float]]:
-    """Every number of a PolicyAction by field name (a per-cluster map gives all its values)."""
+    """Every number of a PolicyAction by field name (a per-cluster map gives all its values, a
+    per-pool map all its pools' values)."""
     out: dict[str, list[float]] = {}
     for name in action.__dataclass_fields__:
         v = getattr(action, name)
         if isinstance(v, int | float) and not isinstance(v, bool):
             out[name] = [float(v)]
         elif hasattr(v, "values"):
-            out[name] = [float(x) for x in v.values()]
+            out[name] = [float(y) for x in v.values()
+                         for y in (x.values() if hasattr(x, "values") else (x,))]
     return out
 
 

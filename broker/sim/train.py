@@ -129,7 +129,8 @@ def gae(steps: list[Step]) -> tuple[np.ndarray, np.ndarray]:
 
 def ppo_update(model: ActorCritic, opt: torch.optim.Optimizer,
                episodes: list[list[Step]]) -> float:
-    """PPO-clip epochs over whole episodes (one graph per episode = one batched forward)."""
+    """PPO-clip epochs over whole episodes (one graph per episode = one batched forward: an
+    episode's clusters and pools stay the same, only their features change)."""
     prepared = []
     all_adv = []
     for steps in episodes:
@@ -150,7 +151,10 @@ def ppo_update(model: ActorCritic, opt: torch.optim.Optimizer,
             t = len(steps)
             edge_x = torch.as_tensor(steps[0].obs.edge_x)[None].expand(t, -1, -1)
             batch_x = torch.as_tensor(np.stack([s.obs.batch_x for s in steps]))
-            mean, log_std, value = model.forward_tensors(node_x, edge_index, edge_x, batch_x)
+            pool_x = torch.as_tensor(np.stack([s.obs.pool_x for s in steps]))
+            pool_cluster = torch.as_tensor(steps[0].obs.pool_cluster)
+            mean, log_std, value = model.forward_tensors(node_x, edge_index, edge_x, batch_x,
+                                                         pool_x, pool_cluster)
             raw = torch.as_tensor(np.stack([s.raw for s in steps]))
             logp = gaussian_log_prob(raw, mean, log_std)
             old = torch.as_tensor([s.log_prob for s in steps])

@@ -33,7 +33,7 @@ from broker.domain import (
 from broker.federation.inventory import InventoryPoller
 from broker.federation.snapshot import SnapshotReader
 from broker.placement.observe import observe
-from broker.placement.policy import BATCH_FEATURES, NODE_FEATURES
+from broker.placement.policy import BATCH_FEATURES, NODE_FEATURES, POOL_FEATURES
 from broker.settings import PlacementSettings, SnapshotSettings
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.realize import TwinNoise
@@ -205,6 +205,15 @@ async def test_every_feature_of_the_live_observation_equals_the_twins(store: Sto
                 f"{name}.{feature}: live {live.node_x[rows[i], j]} twin {twin_obs.node_x[i, j]}"
     for j, feature in enumerate(BATCH_FEATURES):
         assert live.batch_x[j] == pytest.approx(twin_obs.batch_x[j], abs=1e-5), feature
+    assert sorted(live.pools) == sorted(twin_obs.pools)
+    live_pool = {p: live.pool_x[k] for k, p in enumerate(live.pools)}
+    for k, (cname, pname) in enumerate(twin_obs.pools):
+        assert live.names[live.pool_cluster[live.pools.index((cname, pname))]] == cname
+        assert twin_obs.names[twin_obs.pool_cluster[k]] == cname
+        for j, feature in enumerate(POOL_FEATURES):
+            got, want = live_pool[(cname, pname)][j], twin_obs.pool_x[k, j]
+            assert got == pytest.approx(want, abs=1e-5), \
+                f"{cname}/{pname}.{feature}: live {got} twin {want}"
 
     def edge_set(obs: object, names: tuple[str, ...]) -> set[tuple[str, str, float, float]]:
         ei, ex = obs.edge_index, obs.edge_x  # type: ignore[attr-defined]
@@ -225,3 +234,10 @@ async def test_every_feature_of_the_live_observation_equals_the_twins(store: Sto
     assert by["edge-nyc"][f["is_edge"]] == 1.0
     assert max(v[f["booting_frac"]] for v in by.values()) > 0.0
     assert np.all(twin_obs.batch_x[:3] > 0)
+    # Pool rows too (idle nodes, and so idle_age_frac, are not part of this state: the live
+    # poller learns when a node emptied by polling then, which this reproduction does once).
+    pf = {name: k for k, name in enumerate(POOL_FEATURES)}
+    for feature in ("is_spot", "is_gpu", "reclaim_rate_per_hour", "booting_frac",
+                    "forecast_frac", "nodes_of_max"):
+        assert twin_obs.pool_x[:, pf[feature]].max() > 0.0, feature
+    assert twin_obs.pool_x[:, pf["free_cpu_frac"]].min() < 1.0

@@ -25,9 +25,13 @@ from broker.placement.observe import observe
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.policy import (
     ACTIONS,
+    IDLE_TIMEOUT_MAX_S,
     NEUTRAL_LOGIT,
     NODE_ACTIONS,
+    POOL_ACTIONS,
+    POOL_FEATURES,
     ActorCritic,
+    GraphObs,
     to_action,
 )
 from tests.unit.placement_world import pool, snapshot, workload
@@ -98,6 +102,73 @@ def test_idle_timeout_and_warm_pool_change_scale_in() -> None:
     assert warm.nodes == ("n1",)  # the two newest idle nodes stay warm
 
 
+def two_pools_idle() -> FederationSnapshot:
+    """One cluster, two CPU pools with three idle nodes each (idle 300, 200, 100 s)."""
+    def idle_pool(name: str) -> Pool:
+        states = tuple(_idle(f"{name}-n{k}", NOW - age) for k, age in
+                       enumerate((300, 200, 100), start=1))
+        return replace(pool(name, price=0.4, nodes=3, max_nodes=8), node_states=states)
+
+    return FederationSnapshot(now_s=NOW, clusters=(_cluster("a", idle_pool("m5"),
+                                                            idle_pool("c5")),), pending=())
+
+
+def _removed(plan: EpochPlan) -> dict[str, tuple[str, ...]]:
+    return {s.pool: s.nodes for s in plan.scale_in}
+
+
+def test_a_pools_idle_timeout_changes_only_that_pools_scale_in() -> None:
+    snap = two_pools_idle()
+    both = _removed(plan_epoch(snap, PolicyAction(), CFG))  # lp's 120 s timer on both pools
+    assert both == {"m5": ("m5-n1", "m5-n2"), "c5": ("c5-n1", "c5-n2")}
+    slow_m5 = PolicyAction(pool_idle_timeout_s={"a": {"m5": 600.0}})
+    assert _removed(plan_epoch(snap, slow_m5, CFG)) == {"c5": both["c5"]}
+    # The pool's own value wins over its cluster's.
+    mixed = PolicyAction(idle_timeout_s={"a": 600.0}, pool_idle_timeout_s={"a": {"c5": 0.0}})
+    assert _removed(plan_epoch(snap, mixed, CFG)) == {"c5": ("c5-n1", "c5-n2", "c5-n3")}
+
+
+def test_a_pools_warm_pool_keeps_nodes_in_that_pool_only() -> None:
+    snap = two_pools_idle()
+    warm = PolicyAction(pool_idle_timeout_s={"a": {"m5": 0.0, "c5": 0.0}},
+                        pool_warm_nodes={"a": {"m5": 2}})
+    assert _removed(plan_epoch(snap, warm, CFG)) == {"m5": ("m5-n1",),
+                                                     "c5": ("c5-n1", "c5-n2", "c5-n3")}
+
+
+def test_a_pools_spot_bias_moves_work_between_the_spot_pools_of_one_cluster() -> None:
+    """Per cluster, a spot bias moves both spot pools alike, so it cannot choose between
+    them; per pool it can."""
+    a = _cluster("a", pool("od", price=0.40), pool("spot1", price=0.15,
+                                                   pricing=PricingModel.SPOT),
+                 pool("spot2", price=0.16, pricing=PricingModel.SPOT))
+    snap = FederationSnapshot(now_s=NOW, clusters=(a,),
+                              pending=(workload("w", cpu=2.0, replicas=2),))
+    assert _where(plan_epoch(snap, PolicyAction(), CFG)) == [("a", "spot1")]
+    cluster_wide = PolicyAction(spot_bias_usd_per_hour={"a": 0.05})
+    assert _where(plan_epoch(snap, cluster_wide, CFG)) == [("a", "spot1")]
+    one_pool = PolicyAction(pool_spot_bias_usd_per_hour={"a": {"spot1": 0.05}})
+    assert _where(plan_epoch(snap, one_pool, CFG)) == [("a", "spot2")]
+
+
+def test_the_networks_per_pool_output_reaches_the_plan() -> None:
+    """A raw output for one pool (observe's pool names, to_action) changes plan_epoch's
+    placement: the names the policy sees are the names the planner acts on."""
+    snap = two_clouds()
+    obs = observe(snap)
+    assert obs.pools == (("a", "a-od"), ("a", "a-spot"), ("b", "b-od"), ("b", "b-spot"))
+    layout = obs.layout
+    raw = np.zeros(layout.width)
+    for a in ACTIONS:
+        raw[layout.block(a)] = a.start_logit()
+    spot = next(a for a in ACTIONS if a.name == "spot_bias_usd_per_hour")
+    raw[layout.block(spot).start + obs.pools.index(("b", "b-spot"))] = spot.raw_for(0.08)
+    action = to_action(obs.names, raw, obs.pools)
+    assert action.pool_spot_bias_usd_per_hour["b"] == {"b-od": 0.0, "b-spot": 0.08}
+    assert _where(plan_epoch(snap, PolicyAction(), CFG)) == [("b", "b-spot")]
+    assert _where(plan_epoch(snap, action, CFG)) == [("a", "a-spot")]
+
+
 def test_prewarm_lead_changes_how_many_nodes_are_ordered() -> None:
     p = replace(pool("m5", price=0.4, nodes=1, max_nodes=40), used=Resources(6.0, 8.0))
     snap = FederationSnapshot(now_s=NOW, clusters=(_cluster("a", p),), pending=(),
@@ -146,10 +217,18 @@ def test_the_untrained_policy_is_exactly_the_fixed_weights() -> None:
         for f in fields(PolicyAction):
             got, want = getattr(action, f.name), getattr(fixed, f.name)
             if isinstance(got, dict):
-                spec = next(a for a in ACTIONS if a.name == f.name)
-                assert set(got.values()) <= {spec.default}, f.name
+                spec = next((a for a in ACTIONS if a.field == f.name), None)
+                values = [y for x in got.values()
+                          for y in (x.values() if isinstance(x, dict) else (x,))]
+                if spec is None:  # the cluster map of a per-pool action: left to the pools
+                    assert values == [], f.name
+                else:
+                    assert values, f.name
+                    assert set(values) <= {spec.default}, f.name
             else:
                 assert got == want, f.name
+        assert {c: set(v) for c, v in action.pool_idle_timeout_s.items()} == {
+            "a": {"a-od", "a-spot"}, "b": {"b-od", "b-spot"}}
         assert _where(plan_epoch(snap, action, CFG)) == _where(plan_epoch(snap, fixed, CFG))
 
 
@@ -169,6 +248,21 @@ def test_neutral_zone_is_the_default_and_the_map_stays_monotone(spec: object) ->
         assert abs(edge - a.default) < 1e-4 * (a.high - a.low)
 
 
+def _format_3_state(model: ActorCritic) -> dict[str, torch.Tensor]:
+    """`model`'s state dict as format 3 wrote it: no pool readout."""
+    return {k: v for k, v in model.state_dict().items()
+            if not k.startswith(("pool_encode.", "pool_head."))}
+
+
+def _node_head_outputs(model: ActorCritic, obs: GraphObs) -> np.ndarray:
+    """The node head's raw outputs [N, len(NODE_ACTIONS)]: format 3's per-cluster actions."""
+    seen: list[torch.Tensor] = []
+    hook = model.node_head.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    model.act(obs)
+    hook.remove()
+    return seen[0][0].detach().numpy()
+
+
 def test_a_format_2_checkpoint_loads_with_the_new_actions_at_the_fixed_weights() -> None:
     """Checkpoints trained before consolidate_below / reserve_nodes keep their other
     outputs and give the fixed weights for the new per-cluster actions in every state."""
@@ -176,7 +270,7 @@ def test_a_format_2_checkpoint_loads_with_the_new_actions_at_the_fixed_weights()
     model = ActorCritic()
     with torch.no_grad():
         model.node_head[-1].bias.add_(2.0)  # type: ignore[operator]
-    state = dict(model.state_dict())
+    state = _format_3_state(model)
     state["node_head.2.weight"] = state["node_head.2.weight"][:4].clone()
     state["node_head.2.bias"] = state["node_head.2.bias"][:4].clone()
     k = len(NODE_ACTIONS)
@@ -187,8 +281,54 @@ def test_a_format_2_checkpoint_loads_with_the_new_actions_at_the_fixed_weights()
     obs = observe(two_clouds())
     old, new = model.act(obs), loaded.act(obs)
     assert new.action.cluster_bias_usd_per_hour == old.action.cluster_bias_usd_per_hour
-    assert new.action.idle_timeout_s == old.action.idle_timeout_s
+    assert new.action.pool_idle_timeout_s == old.action.pool_idle_timeout_s
     assert set(new.action.consolidate_below.values()) == {0.5}
     assert set(new.action.reserve_nodes.values()) == {0}
     raw = np.array(new.raw)
-    assert to_action(obs.names, raw) == new.action
+    assert to_action(obs.names, raw, obs.pools) == new.action
+
+
+def test_a_format_3_checkpoint_gives_each_pool_its_clusters_value() -> None:
+    """Format 3 applied its per-cluster idle timer, warm pool and spot bias to every pool of
+    the cluster; loaded into the pool readout, each pool gets exactly that value."""
+    torch.manual_seed(8)
+    model = ActorCritic()
+    with torch.no_grad():  # per-cluster outputs far from the fixed weights
+        model.node_head[-1].weight.normal_(0.0, 1.0)  # type: ignore[operator]
+        model.node_head[-1].bias.add_(1.5)  # type: ignore[operator]
+    buf = io.BytesIO()
+    torch.save({"version": 3, "state": _format_3_state(model), "hidden": 32, "rounds": 2,
+                "meta": {}}, buf)
+    loaded = ActorCritic.load(buf.getvalue())
+    obs = observe(two_clouds())
+    heads = _node_head_outputs(loaded, obs)
+    action = loaded.act(obs).action
+    for spec in POOL_ACTIONS:
+        per_pool = getattr(action, spec.field)
+        for i, cluster in enumerate(obs.names):
+            want = spec.squash(np.array([heads[i, NODE_ACTIONS.index(spec)]]))[0]
+            assert set(per_pool[cluster].values()) == {
+                int(want) if spec.integer else round(float(want), 5)}, spec.name
+    assert len({v for pools in action.pool_idle_timeout_s.values()
+                for v in pools.values()}) == 2  # the clusters differ; their pools do not
+
+
+def test_pool_rows_read_idle_nodes_and_leave_fixed_sites_out() -> None:
+    """A pool's idle nodes and how long they have been idle are its own features (what its
+    timer and warm pool act on); an edge site's fixed pool has no row."""
+    snap = two_pools_idle()
+    edge = Cluster(name="e", provider="edge", region="e", lat=40.7, lon=-74.0,
+                   pools=(pool("site", price=0.9, nodes=1, max_nodes=1,
+                               pricing=PricingModel.EDGE),))
+    busy = replace(snap.clusters[0].pools[1], node_states=(NodeState("x", cpu_allocated=2.0),),
+                   nodes=1)
+    snap = replace(snap, clusters=(_cluster("a", snap.clusters[0].pools[0], busy), edge))
+    obs = observe(snap)
+    assert obs.pools == (("a", "m5"), ("a", "c5"))
+    assert list(obs.pool_cluster) == [0, 0]
+    col = {f: k for k, f in enumerate(POOL_FEATURES)}
+    m5, c5 = obs.pool_x
+    assert m5[col["idle_node_frac"]] == 1.0
+    assert m5[col["idle_age_frac"]] == pytest.approx(200.0 / IDLE_TIMEOUT_MAX_S)  # mean age
+    assert c5[col["idle_node_frac"]] == 0.0
+    assert c5[col["idle_age_frac"]] == 0.0

@@ -64,3 +64,5 @@ def test_action_values_name_every_number() -> None:
     assert vals["cluster_bias_usd_per_hour"] == [0.1, -0.2]
     assert vals["headroom"] == [0.9]
     assert vals["prewarm_lead_s"] == [120.0]
+    pooled = action_values(PolicyAction(pool_warm_nodes={"a": {"p": 1, "q": 2}, "b": {"r": 0}}))
+    assert pooled["pool_warm_nodes"] == [1.0, 2.0, 0.0]

@@ -7,6 +7,7 @@ import logging
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -114,6 +115,10 @@ def test_plan_records_the_steering_per_placement(shipped: PolicyRuntime) -> None
         assert pa["sha256"] == shipped.sha256
         chosen = {a.cluster for a in p.assignments}
         assert set(pa["bias_usd_per_hour"]) == chosen
+        # Per-pool actions: the chosen clusters' scalable pools, no other cluster's name.
+        scalable = {c.name: {p.name for p in c.pools if not c.is_edge} for c in federation()}
+        assert {c: set(v) for c, v in pa["pool_idle_timeout_s"].items()} == {
+            c: scalable[c] for c in chosen if scalable[c]}
         assert HEADROOM_MIN <= pa["headroom"] <= HEADROOM_MAX
         json.dumps(p.decision)  # the whole record stays JSON-able
         assert len(json.dumps(pa["observation"])) < 4000  # compact
@@ -129,6 +134,10 @@ def test_observation_roundtrip_and_reference(shipped: PolicyRuntime) -> None:
     d = shipped.decide(_snapshot())
     obs, base = decode_observation(d.record["observation"])  # type: ignore[arg-type]
     assert obs.names == tuple(c.name for c in federation())
+    assert obs.pools == tuple((c.name, p.name) for c in federation() for p in c.pools
+                              if not c.is_edge)
+    assert base.pools == obs.pools
+    assert np.allclose(base.pool_x, obs.pool_x.mean(axis=0), atol=1e-5)  # the pools' mean
     # Reference: every cluster at the clusters' mean.
     assert all(math.isclose(float(v), float(base.node_x[0, j]), abs_tol=1e-5)
                for row in base.node_x for j, v in enumerate(row))

@@ -9,44 +9,51 @@ import pytest
 import torch
 
 from broker.domain import PolicyAction
+from broker.placement.attribution import (
+    feature_names,
+    output_names,
+    permutation_shapley,
+    shap_values,
+)
 from broker.placement.decisions import DecisionConfig
 from broker.placement.policy import (
     ACTIONS,
     BATCH_FEATURES,
     BIAS_MAX_USD_PER_HOUR,
     EDGE_FEATURES,
-    GLOBAL_ACTIONS,
     HEADROOM_MAX,
     HEADROOM_MIN,
     IDLE_TIMEOUT_MAX_S,
     LEAD_MAX_S,
-    NODE_ACTIONS,
     NODE_FEATURES,
+    POOL_FEATURES,
     RESERVE_NODES_MAX,
     SPOT_BIAS_MAX_USD_PER_HOUR,
     WARM_NODES_MAX,
     ActorCritic,
     FixedPolicy,
     GraphObs,
-    feature_names,
-    output_names,
-    permutation_shapley,
-    shap_values,
+    Layout,
     to_action,
 )
 from broker.sim.train import Step, gae, ppo_update, target_miss
 
 
 def graph(n: int = 5, seed: int = 0) -> GraphObs:
+    """n clusters in a ring, each with two pools (`od`, `spot`), random features."""
     rng = np.random.default_rng(seed)
     src = np.array([i for i in range(n) for _ in range(2)], dtype=np.int64)
     dst = np.array([(i + k) % n for i in range(n) for k in (1, 2)], dtype=np.int64)
+    pools = tuple((f"c{i}", p) for i in range(n) for p in ("od", "spot"))
     return GraphObs(
         names=tuple(f"c{i}" for i in range(n)),
         node_x=rng.random((n, len(NODE_FEATURES)), dtype=np.float32),
         edge_index=np.stack([src, dst]),
         edge_x=rng.random((len(src), len(EDGE_FEATURES)), dtype=np.float32),
         batch_x=rng.random(len(BATCH_FEATURES), dtype=np.float32),
+        pools=pools,
+        pool_x=rng.random((len(pools), len(POOL_FEATURES)), dtype=np.float32),
+        pool_cluster=np.repeat(np.arange(n, dtype=np.int64), 2),
     )
 
 
@@ -57,9 +64,11 @@ def test_forward_shapes_batched() -> None:
     node_x = torch.as_tensor(np.stack([g.node_x, g.node_x]))
     edge_x = torch.as_tensor(np.stack([g.edge_x, g.edge_x]))
     batch_x = torch.as_tensor(np.stack([g.batch_x, g.batch_x]))
+    pool_x = torch.as_tensor(np.stack([g.pool_x, g.pool_x]))
     mean, log_std, value = m.forward_tensors(node_x, torch.as_tensor(g.edge_index), edge_x,
-                                             batch_x)
-    width = len(NODE_ACTIONS) * 6 + len(GLOBAL_ACTIONS)
+                                             batch_x, pool_x, torch.as_tensor(g.pool_cluster))
+    width = Layout(6, 12).width
+    assert width == 3 * 6 + 3 * 12 + 2  # 3 per cluster, 3 per pool, 2 global
     assert mean.shape == (2, width)
     assert log_std.shape == (width,)
     assert value.shape == (2,)
@@ -84,14 +93,16 @@ def test_actions_in_range_and_deterministic() -> None:
 
 
 def test_to_action_squashes_extremes() -> None:
-    # Layout: bias, idle timeout, warm nodes, spot bias, consolidate_below, reserve_nodes
-    # (one per cluster), headroom, lead.
-    act = to_action(("a",), np.array([100.0, 100.0, 100.0, -100.0, -100.0, 100.0, -100.0,
-                                      100.0]))
+    # Layout: bias, consolidate_below, reserve_nodes (one per cluster), idle timeout, warm
+    # nodes, spot bias (one per pool), headroom, lead.
+    act = to_action(("a",), np.array([100.0, -100.0, 100.0, 100.0, 100.0, -100.0, -100.0,
+                                      100.0]), pools=(("a", "p"),))
     assert act.cluster_bias_usd_per_hour["a"] == pytest.approx(BIAS_MAX_USD_PER_HOUR)
-    assert act.idle_timeout_s["a"] == pytest.approx(IDLE_TIMEOUT_MAX_S)
-    assert act.warm_nodes["a"] == WARM_NODES_MAX
-    assert act.spot_bias_usd_per_hour["a"] == pytest.approx(-SPOT_BIAS_MAX_USD_PER_HOUR)
+    assert act.pool_idle_timeout_s["a"]["p"] == pytest.approx(IDLE_TIMEOUT_MAX_S)
+    assert act.pool_warm_nodes["a"]["p"] == WARM_NODES_MAX
+    assert act.pool_spot_bias_usd_per_hour["a"]["p"] == pytest.approx(
+        -SPOT_BIAS_MAX_USD_PER_HOUR)
+    assert act.idle_timeout_s == {}  # per pool now: the cluster maps stay empty
     assert act.consolidate_below["a"] == 0.0
     assert act.reserve_nodes["a"] == RESERVE_NODES_MAX
     assert act.headroom == pytest.approx(HEADROOM_MIN)
@@ -100,13 +111,17 @@ def test_to_action_squashes_extremes() -> None:
 
 def test_untrained_policy_starts_at_the_fixed_weights() -> None:
     """Every ActionSpec's start logit squashes back to the fixed weights' value."""
-    raw = np.array([a.start_logit() for a in ACTIONS])
-    act = to_action(("a",), raw)
+    layout = Layout(1, 1)
+    raw = np.zeros(layout.width)
+    for a in ACTIONS:
+        raw[layout.block(a)] = a.start_logit()
+    act = to_action(("a",), raw, pools=(("a", "p"),))
     fixed = PolicyAction()
     assert act.cluster_bias_usd_per_hour["a"] == pytest.approx(0.0, abs=1e-9)
-    assert act.idle_timeout_s["a"] == pytest.approx(DecisionConfig().forecast_idle_s)  # lp's timer
-    assert act.warm_nodes["a"] == 0
-    assert act.spot_bias_usd_per_hour["a"] == pytest.approx(0.0, abs=1e-9)
+    assert act.pool_idle_timeout_s["a"]["p"] == pytest.approx(
+        DecisionConfig().forecast_idle_s)  # lp's timer
+    assert act.pool_warm_nodes["a"]["p"] == 0
+    assert act.pool_spot_bias_usd_per_hour["a"]["p"] == pytest.approx(0.0, abs=1e-9)
     assert act.headroom == pytest.approx(fixed.headroom)
     assert act.prewarm_lead_s == pytest.approx(fixed.prewarm_lead_s)
 
@@ -131,6 +146,24 @@ def test_checkpoint_roundtrip_small(tmp_path: Path) -> None:
     torch.save({"version": 99}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not a skyfed policy checkpoint"):
         ActorCritic.load(tmp_path / "x.pt")
+
+
+def test_pools_get_their_own_values() -> None:
+    """The pool readout gives two pools of one cluster different values when their features
+    differ (per pool, not per cluster), and the same values when they are the same."""
+    torch.manual_seed(4)
+    m = ActorCritic()
+    with torch.no_grad():  # a trained-looking readout, out of the neutral zone
+        for p in m.pool_head.parameters():
+            p.normal_(0.0, 2.0)
+    g = graph(3)
+    act = m.act(g).action
+    od, spot = act.pool_idle_timeout_s["c0"]["od"], act.pool_idle_timeout_s["c0"]["spot"]
+    assert od != spot
+    same = GraphObs(g.names, g.node_x, g.edge_index, g.edge_x, g.batch_x, g.pools,
+                    np.repeat(g.pool_x[:1], len(g.pools), axis=0), g.pool_cluster)
+    twins = m.act(same).action.pool_idle_timeout_s["c0"]
+    assert twins["od"] == twins["spot"]
 
 
 def test_fixed_policy_is_the_fallback() -> None:
