@@ -56,7 +56,10 @@ them.
 
 "Fit" is checked on the aggregate free room of the receivers (CPU, memory, GPUs) and the
 largest free GPU set of one receiver for the node's GPUs: the node's own per-pod layout is
-not in the snapshot.
+not in the snapshot. Receivers are the pool's other usable nodes but those drained, or scaled
+in as idle, this epoch, and the room the nodes drained before a candidate take is no longer
+free for it (one simulation over the epoch's removals, as Karpenter's scheduling simulation
+and Cluster Autoscaler's removal simulation exclude the nodes they remove).
 """
 
 from __future__ import annotations
@@ -129,26 +132,40 @@ def _fits(n: NodeState, p: Pool, room: _Room) -> bool:
 
 
 def _pool_nodes(c: Cluster, p: Pool, now_s: float, *, max_nodes: int,
-                underused_for_s: float | None) -> tuple[str, ...]:
+                underused_for_s: float | None,
+                removing: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """Nodes of one pool to drain and remove (the module docstring's rule)."""
-    usable = [n for n in p.node_states if _usable(n)]
+    usable = [n for n in p.node_states if _usable(n) and n.name not in removing]
     cands = [n for n in usable if _busy(n, p)]
     if underused_for_s is not None:
         cands = [n for n in cands if utilization(n, p) < CA_UTILIZATION_THRESHOLD
                  and n.underused_since_s is not None
                  and now_s - n.underused_since_s >= underused_for_s - 1e-9]
-    cands.sort(key=lambda n: (utilization(n, p), n.name))
+    return _drain(cands, usable, p, max_nodes)
+
+
+def _drain(cands: list[NodeState], usable: Sequence[NodeState], p: Pool,
+           max_nodes: int) -> tuple[str, ...]:
+    """Up to `max_nodes` of `cands`, least utilised first, each whose requests fit in the
+    room the other usable nodes have left: neither a drained node nor one `removing` (gone
+    this epoch: the caller left it out of `usable`) receives, and the requests of the nodes
+    drained before it are taken out of the room first (one simulation, as the autoscalers'
+    scale-down simulations do)."""
+    cands = sorted(cands, key=lambda n: (utilization(n, p), n.name))
     chosen: list[NodeState] = []
-    receivers = {n.name for n in usable}
+    moved = _Room(0.0, 0.0, 0, 0)
     for n in cands:
         if len(chosen) >= max_nodes:
             break
-        others = [r for r in usable if r.name in receivers and r.name != n.name
-                  and r not in chosen]
-        if not others or not _fits(n, p, _room(others, p)):
+        others = [r for r in usable if r.name != n.name and r not in chosen]
+        room = _room(others, p)
+        room = _Room(room.cpu - moved.cpu, room.mem - moved.mem, room.gpu - moved.gpu,
+                     room.largest_gpu)
+        if not others or not _fits(n, p, room):
             continue
         chosen.append(n)
-        receivers.discard(n.name)
+        moved = _Room(moved.cpu + n.cpu_allocated, moved.mem + n.memory_allocated_gib,
+                      moved.gpu + p.node.gpu - n.gpu_free, 0)
     return tuple(n.name for n in chosen)
 
 
@@ -188,7 +205,8 @@ class _LpRule:
 
 
 def _lp_nodes(p: Pool, rule: _LpRule, max_nodes: int,
-              threshold: float = CA_UTILIZATION_THRESHOLD) -> tuple[str, ...]:
+              threshold: float = CA_UTILIZATION_THRESHOLD,
+              removing: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """Nodes of one pool the `lp` rule drains (module docstring), under `threshold` use.
 
     The restartable test goes first: it is a set lookup and rules out the nodes that run
@@ -202,28 +220,23 @@ def _lp_nodes(p: Pool, rule: _LpRule, max_nodes: int,
              and utilization(n, p) < threshold]
     if not cands:
         return ()
-    usable = [n for n in p.node_states if _usable(n)]
-    cands.sort(key=lambda n: (utilization(n, p), n.name))
-    chosen: list[NodeState] = []
-    for n in cands:
-        if len(chosen) >= max_nodes:
-            break
-        others = [r for r in usable if r.name != n.name and r not in chosen]
-        if others and _fits(n, p, _room(others, p)):
-            chosen.append(n)
-    return tuple(n.name for n in chosen)
+    usable = [n for n in p.node_states if _usable(n) and n.name not in removing]
+    return _drain(cands, usable, p, max_nodes)
 
 
 def consolidations(snapshot: FederationSnapshot, policy: str,
                    skip: frozenset[Pair] | set[Pair] = frozenset(),
                    budget: Mapping[str, float] | None = None,
-                   below: Mapping[str, float] | None = None) -> tuple[PoolScaleIn, ...]:
+                   below: Mapping[str, float] | None = None,
+                   removing: Sequence[PoolScaleIn] = ()) -> tuple[PoolScaleIn, ...]:
     """PoolScaleIn(reason="consolidate") of non-empty nodes for `policy` (module docstring);
     () for policies without such a rule. Pools in `skip` (growing this epoch) are left.
     `below`: the `lp` rule's utilisation threshold per cluster (PolicyAction.consolidate_below;
-    missing clusters: CA_UTILIZATION_THRESHOLD)."""
+    missing clusters: CA_UTILIZATION_THRESHOLD). `removing`: this epoch's other scale-ins
+    (the idle nodes going): their nodes receive nothing."""
     if policy not in ("karpenter", "traditional", "lp"):
         return ()
+    gone = frozenset(n for si in removing for n in si.nodes)
     fraction = (budget or {}).get("karpenter", KARPENTER_BUDGET_FRACTION)
     rule = _LpRule(snapshot) if policy == "lp" else None
     out = []
@@ -237,15 +250,15 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
             if rule is not None:
                 names = _lp_nodes(p, rule, math.ceil(KARPENTER_BUDGET_FRACTION
                                                      * len(p.node_states)),
-                                  (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD))
+                                  (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD), gone)
             elif policy == "karpenter":
                 names = _pool_nodes(c, p, snapshot.now_s, max_nodes=_budget(p, fraction),
-                                    underused_for_s=None)
+                                    underused_for_s=None, removing=gone)
             else:
                 if drains <= 0:
                     break
                 names = _pool_nodes(c, p, snapshot.now_s, max_nodes=drains,
-                                    underused_for_s=CA_UNNEEDED_S)
+                                    underused_for_s=CA_UNNEEDED_S, removing=gone)
                 drains -= len(names)
             if names:
                 out.append(PoolScaleIn(c.name, p.name, names, reason="consolidate"))

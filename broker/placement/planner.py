@@ -280,13 +280,13 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
         {(a.cluster, a.pool) for m in moves for a in m.target.assignments}
     # Karpenter's consolidateAfter: 0s removes empty nodes at once; the others wait CA's 10 min.
     idle_cfg = dataclasses.replace(cfg, scale_in_idle_s=0.0) if policy == "karpenter" else cfg
+    idle = decisions.scale_in(snapshot, idle_cfg, placed, growing, action,
+                              forecast=policy in PREWARM_POLICIES)
     drains = consolidate.consolidations(snapshot, policy, growing,
-                                        below=action.consolidate_below)
+                                        below=action.consolidate_below, removing=idle)
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
-        prewarm=prewarm, migrations=moves,
-        scale_in=decisions.scale_in(snapshot, idle_cfg, placed, growing, action,
-                                    forecast=policy in PREWARM_POLICIES) + drains,
+        prewarm=prewarm, migrations=moves, scale_in=idle + drains,
         replacements=consolidate.replacements(snapshot, policy, growing, drains))
 
 

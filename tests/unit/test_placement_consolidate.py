@@ -255,3 +255,32 @@ def test_plan_epoch_carries_karpenters_replacements() -> None:
     plan = plan_epoch(snap, PolicyAction(), PlannerConfig(), policy="karpenter")
     assert [(r.node, r.target_pool) for r in plan.replacements] == [("n0", "src-spot")]
     assert plan_epoch(snap, PolicyAction(), PlannerConfig(), policy="lp").replacements == ()
+
+
+def test_a_drain_never_counts_on_a_node_removed_the_same_epoch() -> None:
+    # Regression: n1 is empty, so karpenter removes it at once (consolidateAfter 0 s); the
+    # delete rule used it as the receiver of n0's pods in the same plan, so n0 was drained
+    # too and its pods found no room (retail-peak: 470 drains a run, services' replicas
+    # evicted every few minutes). Karpenter's simulation excludes nodes it removes.
+    idle = NodeState(name="n1", idle_since_s=0.0)
+    busy = NodeState(name="n0", cpu_allocated=2.0, memory_allocated_gib=2.0)
+    p = dataclasses.replace(pool("m", price=1.0, nodes=2, max_nodes=4, node=NODE4),
+                            node_states=(busy, idle), used=Resources(2.0, 2.0))
+    c = Cluster(name="c", provider="aws", region="us-east-1", pools=(p,))
+    snap = snapshot((), clusters=(c,))
+    assert _names(consolidations(snap, "karpenter")) == ["n0"]  # n1 as the receiver
+    gone = (PoolScaleIn("c", "m", ("n1",)),)
+    assert consolidations(snap, "karpenter", removing=gone) == ()
+    from broker.domain import PolicyAction
+    from broker.placement.planner import PlannerConfig, plan_epoch
+
+    plan = plan_epoch(snap, PolicyAction(), PlannerConfig(), policy="karpenter")
+    assert [(s.nodes, s.reason) for s in plan.scale_in] == [(("n1",), "idle")]
+
+
+def test_nodes_drained_in_one_epoch_do_not_share_the_same_free_room() -> None:
+    # Regression: n0's 1 vCPU fits n1's and n2's free room; n1's 1 vCPU then fits only
+    # n2's one free vCPU, which n0's pods already take: only n0 may go (11 nodes: the
+    # budget would allow two).
+    plan = consolidations(_world([1.0, 1.0, 3.0] + [4.0] * 8), "karpenter")  # type: ignore[arg-type]
+    assert _names(plan) == ["n0"]
