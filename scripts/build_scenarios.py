@@ -20,7 +20,7 @@ scenario compresses time: arrivals and run times are at the traces' own pace.
   creation times, with their CPU/memory requests and run times (deletion - scheduled,
   clipped to 60 s..6 h: pods still running at the trace's end have no known end).
   Fractional GPUs (gpu_milli < 1000) are rounded up to whole GPUs, as Kubernetes'
-  integer `nvidia.com/gpu` requires (broker/sim/sources.py::kube_gpus). The trace has no
+  integer `nvidia.com/gpu` requires (broker/sim/sources.py::alibaba_pod). The trace has no
   data sizes: each job reads DATA_GB_PER_JOB x GPUs from its tenant's home region (an
   assumption, documented in docs/twin.md).
 - edge-heavy (3 h): 16 real Optus base stations in Melbourne CBD (EUA dataset,
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import math
 import random
 import sys
@@ -50,7 +49,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from federation_day import federation_day
 
 from broker.sim.randomize import Draft
-from broker.sim.sources import kube_gpus
+from broker.sim.sources import alibaba_pod
+from broker.sim.tracedata import (
+    EDGE_HEAVY_FUNCTIONS,
+    EDGE_HEAVY_MINUTES,
+    GPU_TRAINING_WINDOW_S,
+    RETAIL_PEAK_FUNCTIONS,
+    RETAIL_PEAK_MINUTES,
+    Functions,
+    alibaba_gpu_pods,
+    busiest_gpu_window,
+    busiest_window,
+    functions_2019,
+)
 from providers.catalog import Catalog
 
 REQS_PER_REPLICA_PER_MIN = 150.0
@@ -59,41 +70,17 @@ DATA_GB_PER_JOB = 20.0
 BATCH_PER_MIN_AT_PEAK = 8.0
 
 
-def _read_gz_csv(path: Path) -> list[dict[str, str]]:
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def _functions(data: Path) -> tuple[list[list[int]], dict[str, float], list[dict[str, str]]]:
-    inv = _read_gz_csv(data / "traces/azure_functions/azure_functions_2019_sample1000_inv.csv.gz")
-    mem = _read_gz_csv(data / "traces/azure_functions/azure_functions_2019_sample1000_mem.csv.gz")
-    mem_by_app = {r["HashApp"]: float(r["AverageAllocatedMb"]) for r in mem}
-    series = [[int(r[f"minute_{m}"]) for m in range(1, 1441)] for r in inv]
-    return series, mem_by_app, inv
-
-
-def _busiest_window(series: list[list[int]], count: int, minutes: int) -> tuple[list[int], int]:
-    """The `count` busiest functions of the day and the start minute of the `minutes`-long
-    window (on 10-minute marks) in which they are invoked the most together."""
-    order = sorted(range(len(series)), key=lambda i: -sum(series[i]))[:count]
-    total = [sum(series[i][m] for i in order) for m in range(1440)]
-    start = max(range(0, 1440 - minutes + 1, 10),
-                key=lambda m0: (sum(total[m0:m0 + minutes]), -m0))
-    return order, start
-
-
-def _service_rows(rng: random.Random, series: list[list[int]], apps: list[str],
-                  mem_by_app: dict[str, float], users: list[str], *, prefix: str,
+def _service_rows(rng: random.Random, fns: Functions, users: list[str], *, prefix: str,
                   count: int, slo: tuple[float, ...], window: tuple[int, int],
                   per_replica: float) -> list[dict[str, object]]:
     """Services replaying `window` = (first minute, minutes) of the day at real time."""
-    order = sorted(range(len(series)), key=lambda i: -sum(series[i]))[:count]
     m0, minutes = window
     rows: list[dict[str, object]] = []
-    for k, i in enumerate(order):
-        s = series[i]
+    for k, i in enumerate(fns.busiest(count)):
+        s = fns.series[i]
         sid = f"{prefix}-{k:02d}"
-        mem_gib = max(0.5, round(mem_by_app.get(apps[i], 512.0) / 1024.0, 2))
+        mem_gib = max(0.5, round(fns.mem_mb_by_app.get(fns.rows[i]["HashApp"], 512.0)
+                                 / 1024.0, 2))
         last_rep = 0
         for start in range(m0, m0 + minutes, 10):
             rep = max(1, math.ceil(max(s[start:start + 10]) / per_replica))
@@ -113,17 +100,16 @@ def _service_rows(rng: random.Random, series: list[list[int]], apps: list[str],
 
 def retail_peak(data: Path) -> Draft:
     rng = random.Random(11)
-    series, mem_by_app, inv = _functions(data)
-    apps = [r["HashApp"] for r in inv]
+    fns = functions_2019(data)
     users = ["new-york", "chicago", "los-angeles", "dallas"]
-    _, m0 = _busiest_window(series, 40, 360)
-    rows = _service_rows(rng, series, apps, mem_by_app, users, prefix="svc", count=40,
-                         slo=(60.0, 80.0, 100.0), window=(m0, 360),
+    _, m0 = busiest_window(fns, RETAIL_PEAK_FUNCTIONS, RETAIL_PEAK_MINUTES)
+    rows = _service_rows(rng, fns, users, prefix="svc", count=RETAIL_PEAK_FUNCTIONS,
+                         slo=(60.0, 80.0, 100.0), window=(m0, RETAIL_PEAK_MINUTES),
                          per_replica=REQS_PER_REPLICA_PER_MIN)
-    total = [sum(s[m] for s in series) for m in range(1440)]
+    total = [sum(s[m] for s in fns.series) for m in range(1440)]
     peak = max(total)
     n = 0
-    for m in range(m0, m0 + 360):
+    for m in range(m0, m0 + RETAIL_PEAK_MINUTES):
         for _ in range(int(rng.random() + BATCH_PER_MIN_AT_PEAK * total[m] / peak)):
             n += 1
             rows.append({"id": f"batch-{n:05d}",
@@ -176,32 +162,22 @@ def retail_peak(data: Path) -> Draft:
 
 def gpu_training(data: Path) -> Draft:
     rng = random.Random(22)
-    with (data / "traces/alibaba_gpu_v2023/openb_pod_list_default.csv").open() as fh:
-        pods = [r for r in csv.DictReader(fh) if int(r["num_gpu"]) >= 1
-                and r["deletion_time"] and r["scheduled_time"]]
-    window = 24 * 3600
-
-    def busy(t0: int) -> tuple[int, int]:
-        inside = [p for p in pods if t0 <= int(p["creation_time"]) < t0 + window]
-        return sum(1 for p in inside if int(p["num_gpu"]) > 1), len(inside)
-
-    starts = sorted({int(p["creation_time"]) // 3600 * 3600 for p in pods})
-    t0 = max(starts, key=lambda s: (*busy(s), -s))
+    pods = alibaba_gpu_pods(data)
+    window = GPU_TRAINING_WINDOW_S
+    t0 = busiest_gpu_window(pods, window)
     chosen = [p for p in pods if t0 <= int(p["creation_time"]) < t0 + window]
     regions = ["aws-use1", "gcp-usc1", "azure-eus"]
     home = {f"team-{i}": rng.choice(regions) for i in range(8)}
     rows: list[dict[str, object]] = []
     for i, p in enumerate(sorted(chosen, key=lambda p: int(p["creation_time"]))):
-        gpus = kube_gpus(int(p["num_gpu"]), float(p["gpu_milli"] or 1000))
-        run = min(6 * 3600, max(60, int(p["deletion_time"]) - int(p["scheduled_time"])))
+        job = alibaba_pod(p)
         team = f"team-{i % 8}"
         rows.append({"id": p["name"], "submit_s": float(int(p["creation_time"]) - t0),
                      "tenant": team, "kind": "train", "replicas": 1,
-                     "cpu": round(min(int(p["cpu_milli"]) / 1000.0, 11.0 * gpus), 2),
-                     "memory_gib": round(min(int(p["memory_mib"]) / 1024.0, 110.0 * gpus), 2),
-                     "gpu": gpus, "duration_s": float(run),
-                     "data_gb": DATA_GB_PER_JOB * gpus, "data_region": home[team],
-                     "image_gb": 8.0, "priority": 1 if p["qos"] == "LS" else 0})
+                     "cpu": job.cpu, "memory_gib": job.memory_gib,
+                     "gpu": job.gpus, "duration_s": job.run_s,
+                     "data_gb": DATA_GB_PER_JOB * job.gpus, "data_region": home[team],
+                     "image_gb": 8.0, "priority": job.priority})
     doc: dict[str, object] = {
         "name": "gpu-training", "seed": 2, "horizon_s": 86400.0, "epoch_s": 30.0,
         "defaults": {"provision_delay_s": 300.0, "image_pull_gbps": 2.0, "network_gbps": 25.0},
@@ -258,11 +234,11 @@ def edge_heavy(data: Path) -> Draft:
         grp = people[k * step:(k + 1) * step]
         users.append({"name": f"melb-{k}", "lat": round(sum(p[0] for p in grp) / len(grp), 5),
                       "lon": round(sum(p[1] for p in grp) / len(grp), 5)})
-    series, mem_by_app, inv = _functions(data)
-    apps = [r["HashApp"] for r in inv]
-    _, m0 = _busiest_window(series, 30, 180)
-    rows = _service_rows(rng, series, apps, mem_by_app, [u["name"] for u in users],
-                         prefix="ar", count=30, slo=(10.0, 15.0, 20.0), window=(m0, 180),
+    fns = functions_2019(data)
+    _, m0 = busiest_window(fns, EDGE_HEAVY_FUNCTIONS, EDGE_HEAVY_MINUTES)
+    rows = _service_rows(rng, fns, [u["name"] for u in users], prefix="ar",
+                         count=EDGE_HEAVY_FUNCTIONS, slo=(10.0, 15.0, 20.0),
+                         window=(m0, EDGE_HEAVY_MINUTES),
                          per_replica=REQS_PER_REPLICA_PER_MIN * 4)
     for n in range(400):
         rows.append({"id": f"ingest-{n:04d}", "submit_s": round(rng.uniform(0, 10800), 1),

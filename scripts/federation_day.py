@@ -15,7 +15,7 @@ Built by scripts/build_scenarios.py from shared/data (SOURCES.md names each file
   and run times, tenant = Philly virtual cluster; plus the jobs still running at that day's
   midnight, submitted at t = 0 with their remaining run time (a warm start, not an empty
   federation). GPUs per job as recorded, split into replicas of at most 8 GPUs
-  (sources.split_gpu_job). CPU and memory per GPU: 8 vCPU and 30 GiB, the median request per
+  (sources.philly_job). CPU and memory per GPU: 8 vCPU and 30 GiB, the median request per
   GPU of the Alibaba GPU 2023 pods (9.8 vCPU, 30.5 GiB) rounded down so that a 1-GPU job fits
   the 8-vCPU, 32-GiB one-GPU instances all three clouds sell. Philly has no data sizes: each
   virtual cluster reads DATA_GB_PER_GPU per GPU from a home cluster (an assumption).
@@ -31,9 +31,7 @@ Built by scripts/build_scenarios.py from shared/data (SOURCES.md names each file
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import gzip
 import math
 import random
 from collections.abc import Iterator
@@ -41,14 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from broker.sim.randomize import Draft
-from broker.sim.sources import scale_rows, service_replicas, split_gpu_job
+from broker.sim.sources import philly_job, scale_rows, service_replicas
+from broker.sim.tracedata import (
+    FEDERATION_DAY,
+    cloudfront_locations,
+    functions_2019,
+    local_zones,
+    philly_jobs,
+)
 from providers.catalog import Catalog
 from providers.errors import NotFoundError
 from providers.geo import haversine_km
 
-DAY = dt.datetime(2017, 10, 20)
-CPU_PER_GPU = 8.0
-MEM_GIB_PER_GPU = 30.0
+DAY = FEDERATION_DAY
 DATA_GB_PER_GPU = 20.0
 CLUSTERS_PER_CLOUD = 16
 METROS = ("New York", "Chicago", "Los Angeles", "Dallas", "Toronto", "Sao Paulo", "London",
@@ -63,11 +66,6 @@ TYPES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] 
     "azure": ("Standard_D8s_v5", ("Standard_NC8as_T4_v3",), ("Standard_NC64as_T4_v3",),
               ("Standard_ND96amsr_A100_v4",)),
 }
-
-
-def _gz_rows(path: Path) -> list[dict[str, str]]:
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def _sells(catalog: Catalog, provider: str, region: str, itype: str) -> bool:
@@ -107,17 +105,14 @@ def _cloud_clusters(catalog: Catalog) -> Iterator[dict[str, Any]]:
 
 
 def _metros(data: Path) -> list[dict[str, Any]]:
-    with (data / "edge/aws_cloudfront_edge_locations_latlon.csv").open() as fh:
-        by_city = {r["city"]: r for r in csv.DictReader(fh)}
+    by_city = {r["city"]: r for r in cloudfront_locations(data)}
     return [{"name": city.lower().replace(" ", "-"), "lat": float(by_city[city]["latitude"]),
              "lon": float(by_city[city]["longitude"])} for city in METROS]
 
 
 def _edge_sites(data: Path, users: list[dict[str, Any]], count: int = 6
                 ) -> list[dict[str, Any]]:
-    with (data / "edge/aws_local_and_wavelength_zones_2023-06_latlon.csv").open() as fh:
-        zones = sorted((r for r in csv.DictReader(fh) if r["zone_type"] == "local-zone"),
-                       key=lambda r: r["network_border_group"])
+    zones = local_zones(data)
     sites: list[dict[str, Any]] = []
     for z in zones:
         lat, lon = float(z["latitude"]), float(z["longitude"])
@@ -133,19 +128,14 @@ def _edge_sites(data: Path, users: list[dict[str, Any]], count: int = 6
 
 def _service_rows(data: Path, users: list[dict[str, Any]], rng: random.Random
                   ) -> list[dict[str, Any]]:
-    base = data / "traces/azure_functions"
-    inv = _gz_rows(base / "azure_functions_2019_sample1000_inv.csv.gz")
-    run = {r["HashFunction"]: float(r["Average"]) / 1000.0
-           for r in _gz_rows(base / "azure_functions_2019_sample1000_run.csv.gz")}
-    mem = {r["HashApp"]: float(r["AverageAllocatedMb"])
-           for r in _gz_rows(base / "azure_functions_2019_sample1000_mem.csv.gz")}
+    fns = functions_2019(data)
+    run, mem = fns.mean_exec_s, fns.mem_mb_by_app
     home = {}
     rows: list[dict[str, Any]] = []
-    for k, r in enumerate(inv):
+    for k, r in enumerate(fns.rows):
         owner = r["HashOwner"][:10]
         home.setdefault(owner, rng.choice(users)["name"])
-        series = [int(r[f"minute_{m}"]) for m in range(1, 1441)]
-        windows = service_replicas(series, run.get(r["HashFunction"], 1.0))
+        windows = service_replicas(fns.series[k], run.get(r["HashFunction"], 1.0))
         phase = rng.uniform(0.0, 600.0)
         sid = f"fn-{k:04d}"
         for i, (t, replicas) in enumerate(scale_rows(windows)):
@@ -164,7 +154,7 @@ def _service_rows(data: Path, users: list[dict[str, Any]], rng: random.Random
 
 
 def _philly_rows(data: Path, homes: list[str], rng: random.Random) -> list[dict[str, Any]]:
-    jobs = _gz_rows(data / "traces/philly/philly_jobs_pollux.csv.gz")
+    jobs = philly_jobs(data)
     start, end = DAY, DAY + dt.timedelta(days=1)
     vc_home: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
@@ -180,12 +170,12 @@ def _philly_rows(data: Path, homes: list[str], rng: random.Random) -> list[dict[
             t = (submit - start).total_seconds()
         vc = j["cluster"]
         home = vc_home.setdefault(vc, rng.choice(homes))
-        replicas, per = split_gpu_job(int(j["num_gpus"]))
+        job = philly_job(int(j["num_gpus"]), duration)
         rows.append({"id": f"philly-{i:05d}", "submit_s": t, "tenant": f"vc-{vc}",
-                     "kind": "train", "replicas": replicas, "cpu": CPU_PER_GPU * per,
-                     "memory_gib": MEM_GIB_PER_GPU * per, "gpu": per,
+                     "kind": "train", "replicas": job.replicas, "cpu": job.cpu,
+                     "memory_gib": job.memory_gib, "gpu": job.gpus,
                      "duration_s": round(duration, 1),
-                     "data_gb": DATA_GB_PER_GPU * per * replicas, "data_region": home,
+                     "data_gb": DATA_GB_PER_GPU * job.gpus * job.replicas, "data_region": home,
                      "image_gb": 8.0, "priority": 0})
     return rows
 

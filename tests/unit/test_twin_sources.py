@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from broker.sim.sources import kube_gpus, scale_rows, service_replicas, split_gpu_job
+from broker.sim.sources import (
+    ALIBABA_CPU_PER_GPU_CAP,
+    ALIBABA_MEM_GIB_PER_GPU_CAP,
+    ALIBABA_RUN_S,
+    PHILLY_CPU_PER_GPU,
+    PHILLY_MEM_GIB_PER_GPU,
+    alibaba_pod,
+    kube_gpus,
+    philly_job,
+    scale_rows,
+    service_replicas,
+    split_gpu_job,
+)
 
 
 @pytest.mark.parametrize(("num_gpu", "milli", "whole"), [
@@ -36,3 +48,31 @@ def test_service_replicas_follow_invocations_in_flight() -> None:
     assert scale_rows([(30, 3), (40, 3), (50, 5)], t0_min=30) == [(0.0, 3), (1200.0, 5)]
     with pytest.raises(ValueError, match="target_utilization"):
         service_replicas(per_minute, 1.0, target_utilization=0.0)
+
+
+def test_load_scale_multiplies_the_invocation_rate() -> None:
+    per_minute = [0] * 9 + [600] + [0] * 10
+    assert service_replicas(per_minute, 2.0, load_scale=0.5) == [(0, 20), (10, 1)]
+    assert service_replicas(per_minute, 2.0, load_scale=1.0) == service_replicas(per_minute, 2.0)
+    with pytest.raises(ValueError, match="load_scale"):
+        service_replicas(per_minute, 2.0, load_scale=-1.0)
+
+
+def test_an_alibaba_pod_becomes_a_job_that_fits_a_node() -> None:
+    pod = {"num_gpu": "2", "gpu_milli": "460", "cpu_milli": "64000", "memory_mib": "409600",
+           "scheduled_time": "100", "deletion_time": "50000", "qos": "LS"}
+    job = alibaba_pod(pod)
+    assert (job.replicas, job.gpus) == (1, 2)  # shared GPUs -> whole devices
+    assert job.cpu == 2 * ALIBABA_CPU_PER_GPU_CAP  # 64 vCPU asked, capped per GPU
+    assert job.memory_gib == 2 * ALIBABA_MEM_GIB_PER_GPU_CAP
+    assert job.run_s == ALIBABA_RUN_S[1]  # 49,900 s clipped to 6 h
+    assert job.priority == 1
+    short = alibaba_pod({**pod, "deletion_time": "110", "qos": "BE"})
+    assert (short.run_s, short.priority) == (ALIBABA_RUN_S[0], 0)
+
+
+def test_a_philly_job_splits_with_cpu_and_memory_per_gpu() -> None:
+    job = philly_job(16, 3600.0)
+    assert (job.replicas, job.gpus, job.run_s) == (2, 8, 3600.0)
+    assert job.cpu == 8 * PHILLY_CPU_PER_GPU
+    assert job.memory_gib == 8 * PHILLY_MEM_GIB_PER_GPU
