@@ -123,16 +123,23 @@ def train(
     lr: Annotated[float, typer.Option(min=1e-6, max=0.1, help="Adam learning rate")] = 3e-4,
     start: Annotated[Path | None, typer.Option(
         help="continue training from this checkpoint (its metadata is kept)")] = None,
+    data: Annotated[Path | None, typer.Option(
+        help="shared/data folder: draw most episodes from windows of its real traces")] = None,
+    trace_share: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="share of episodes drawn from the real traces (with --data)")
+    ] = 0.75,
 ) -> None:
     """Train the actor-critic policy (PPO+GAE) in the twin on randomized scenarios. CPU only."""
     from broker.sim.scenario import ScenarioError
     from broker.sim.train import TrainConfig, load_target, train_policy
 
+    if data is not None and not (data / "traces").is_dir():
+        raise _fail(f"--data {data}: no traces/ folder there (the shared/data layout)")
     try:
         tgt = load_target(target)
         cfg = TrainConfig(minutes=minutes, seed=seed, scenarios=tuple(scenario or ()),
                           tune_trials=tune_trials, target=tgt, episodes=episodes, jobs=jobs,
-                          lr=lr, start=start)
+                          lr=lr, start=start, data=data, trace_share=trace_share)
         summary = train_policy(cfg, out)
     except (ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None

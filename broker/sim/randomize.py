@@ -116,8 +116,9 @@ def to_toml(doc: dict[str, Any]) -> str:
 CPU_SHAPES = ((8.0, 32.0), (16.0, 64.0), (4.0, 16.0))
 
 
-def _pick_cpu_type(catalog: Catalog, provider: str, region: str,
-                   rng: random.Random) -> str | None:
+def pick_cpu_type(catalog: Catalog, provider: str, region: str,
+                  rng: random.Random) -> str | None:
+    """A priced CPU-only type of one of CPU_SHAPES in the region (None: none)."""
     offers = catalog.offers(provider=provider, region=region)
     for vcpu, mem in rng.sample(CPU_SHAPES, len(CPU_SHAPES)):
         ok = sorted(o.instance_type for o in offers if o.gpu_count == 0 and o.vcpu == vcpu
@@ -127,10 +128,12 @@ def _pick_cpu_type(catalog: Catalog, provider: str, region: str,
     return None
 
 
-def _pick_gpu_type(catalog: Catalog, provider: str, region: str,
-                   rng: random.Random) -> str | None:
+def pick_gpu_type(catalog: Catalog, provider: str, region: str, rng: random.Random, *,
+                  gpus: tuple[int, ...] = (4, 8), min_memory_gib: float = 96.0) -> str | None:
+    """A priced instance type of the region with one of `gpus` GPUs per node (None: none)."""
     offers = [o for o in catalog.offers(provider=provider, region=region)
-              if o.gpu_count in (4, 8) and o.price_usd_per_hour and o.memory_gib >= 96]
+              if o.gpu_count in gpus and o.price_usd_per_hour
+              and o.memory_gib >= min_memory_gib]
     if not offers:
         return None
     return rng.choice(sorted(o.instance_type for o in offers))
@@ -151,7 +154,7 @@ def random_draft(catalog: Catalog, seed: int, *, n_clusters: int = 8, n_edge: in
     for provider, region in regions:
         if len(clusters) >= n_clusters:
             break
-        cpu_type = _pick_cpu_type(catalog, provider, region.name, rng)
+        cpu_type = pick_cpu_type(catalog, provider, region.name, rng)
         if cpu_type is None:
             continue
         nodes = rng.randint(0, 6)
@@ -161,7 +164,7 @@ def random_draft(catalog: Catalog, seed: int, *, n_clusters: int = 8, n_edge: in
         if rng.random() < 0.4:
             pools.append({"instance_type": cpu_type, "nodes": 0, "max_nodes": 20, "spot": True})
         if gpu_clusters < max(1, n_clusters // 3) and rng.random() < 0.5:
-            gtype = _pick_gpu_type(catalog, provider, region.name, rng)
+            gtype = pick_gpu_type(catalog, provider, region.name, rng)
             if gtype:
                 pools.append({"instance_type": gtype, "nodes": rng.randint(0, 2),
                               "max_nodes": rng.randint(3, 8)})
@@ -194,7 +197,7 @@ def random_draft(catalog: Catalog, seed: int, *, n_clusters: int = 8, n_edge: in
                          "lat": round(u["lat"] + rng.uniform(-0.2, 0.2), 4),
                          "lon": round(u["lon"] + rng.uniform(-0.2, 0.2), 4), "capacity": cap})
     rows = _random_rows(rng, clusters, users, horizon_s, n_events, has_gpu=gpu_clusters > 0)
-    faults = _random_faults(rng, clusters, horizon_s)
+    faults = random_faults(rng, clusters, horizon_s)
     doc: dict[str, Any] = {
         "name": f"random-{seed}", "seed": seed, "horizon_s": horizon_s, "epoch_s": epoch_s,
         "defaults": {"provision_delay_s": float(rng.choice([60, 90, 120, 180, 240])),
@@ -273,8 +276,10 @@ def _random_rows(rng: random.Random, clusters: list[dict[str, Any]],
     return rows
 
 
-def _random_faults(rng: random.Random, clusters: list[dict[str, Any]],
-                   horizon_s: float) -> list[dict[str, Any]]:
+def random_faults(rng: random.Random, clusters: list[dict[str, Any]],
+                  horizon_s: float) -> list[dict[str, Any]]:
+    """0-4 faults at random times on random clusters (spot reclaims only where spot pools
+    are; durations 300 s..30 % of the horizon)."""
     faults: list[dict[str, Any]] = []
     for _ in range(rng.randint(0, 4)):
         c = rng.choice(clusters)

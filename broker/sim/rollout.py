@@ -19,6 +19,7 @@ from broker.sim.controller import observe_engine
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.randomize import random_draft
 from broker.sim.scenario import CatalogLike, Scenario, load_scenario
+from broker.sim.tracedraft import trace_draft
 from providers.catalog import Catalog
 
 COST_SCALE = 10.0
@@ -144,7 +145,8 @@ def baseline_totals(scn: Scenario, catalog: CatalogLike,
 
 @dataclass(frozen=True)
 class Draw:
-    """One episode's scenario: a random draft (seed and shape) or `extra[index]`."""
+    """One episode's scenario: a random draft (seed and shape), a draft from the real
+    traces (`trace`: tracedraft.trace_draft of `seed` and `horizon_s`) or `extra[index]`."""
 
     seed: int
     n_clusters: int
@@ -152,13 +154,20 @@ class Draw:
     horizon_s: float
     n_events: int
     extra: int = -1
+    trace: bool = False
 
 
-def draw(rng: random.Random, n_extra: int, extra_share: float = 0.25) -> Draw:
+def draw(rng: random.Random, n_extra: int, extra_share: float = 0.25,
+         trace_share: float = 0.0) -> Draw:
     """The next episode's scenario, drawn in the parent so parallel runs stay reproducible:
-    one of the `n_extra` given scenarios with probability `extra_share`, else a random one."""
+    one of the `n_extra` given scenarios with probability `extra_share`, else a draft from the
+    real traces with probability `trace_share`, else a random one."""
     if n_extra and rng.random() < extra_share:
         return Draw(0, 0, 0, 0.0, 0, extra=rng.randrange(n_extra))
+    if trace_share > 0 and rng.random() < trace_share:
+        return Draw(rng.randrange(1 << 30), 0, 0,
+                    horizon_s=float(rng.choice([3600, 5400, 7200, 10800])), n_events=0,
+                    trace=True)
     return Draw(rng.randrange(1 << 30), n_clusters=rng.randint(4, 8), n_edge=rng.randint(0, 2),
                 horizon_s=float(rng.choice([3600, 5400, 7200])),
                 n_events=rng.randint(120, 300))
@@ -168,9 +177,15 @@ def draw_scenario(catalog: Catalog, rng: random.Random, extra: list[Scenario]) -
     return scenario_of(draw(rng, len(extra)), catalog, extra)
 
 
-def scenario_of(d: Draw, catalog: Catalog, extra: list[Scenario]) -> Scenario:
+def scenario_of(d: Draw, catalog: Catalog, extra: list[Scenario],
+                data: Path | None = None) -> Scenario:
+    """The scenario `d` names (`data`: the shared/data folder, for trace draws)."""
     if d.extra >= 0:
         return extra[d.extra]
+    if d.trace:
+        if data is None:
+            raise ValueError("a trace draw needs the data folder (TrainConfig.data)")
+        return trace_draft(catalog, data, d.seed, horizon_s=d.horizon_s).to_scenario(catalog)
     return random_draft(catalog, d.seed, n_clusters=d.n_clusters, n_edge=d.n_edge,
                         horizon_s=d.horizon_s, n_events=d.n_events).to_scenario(catalog)
 
@@ -197,6 +212,7 @@ class EpisodeTask:
     decision_interval_s: float
     relative_reward: bool
     scenarios: tuple[Path, ...]
+    data: Path | None = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -217,7 +233,7 @@ def run_episode(task: EpisodeTask) -> list[Step]:
     model = ActorCritic(hidden=task.hidden, rounds=task.rounds)
     model.load_state_dict(task.state)
     model.eval()
-    scn = scenario_of(task.draw, catalog, extra)
+    scn = scenario_of(task.draw, catalog, extra, task.data)
     base = baseline_totals(scn, catalog, task.decision_interval_s) \
         if task.relative_reward else None
     rec = Recorder(model, task.weights, torch.Generator().manual_seed(task.gen_seed),

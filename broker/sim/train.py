@@ -1,9 +1,11 @@
 """Train the actor-critic policy in the twin: PPO + GAE on randomized scenarios. CPU only.
 
 Why randomized: the policy will be judged on federations, traces and fault schedules it never
-saw, so every episode draws a fresh scenario from broker/sim/randomize.py (regions, GPU mixes,
-faults, demand shapes); `--scenario` files may be mixed in, but no constant here is fitted to
-the shipped scenarios.
+saw, so every episode draws a fresh scenario: with `data` (shared/data) `trace_share` of them
+from random windows, scales and places of the real traces (broker/sim/tracedraft.py, never a
+window a shipped scenario replays), the rest from broker/sim/randomize.py's synthetic shapes
+(regions, GPU mixes, faults, demand shapes); `--scenario` files may be mixed in, but no
+constant here is fitted to the shipped scenarios.
 
 Reward (per decision interval, negated weighted sum of normalised deltas, each minus what
 fixed-weight lp incurred over the same simulated interval of the same scenario when
@@ -61,6 +63,7 @@ from broker.sim.rollout import (
     totals,
 )
 from broker.sim.scenario import ScenarioError
+from broker.sim.tracedraft import KINDS, trace_draft
 from providers.catalog import Catalog
 
 GAMMA, LAMBDA, CLIP, PPO_EPOCHS, LR, ENTROPY = 0.99, 0.95, 0.2, 4, 3e-4, 0.01
@@ -89,6 +92,10 @@ class TrainConfig:
     extra_share: float = 0.25
     # Continue from this checkpoint's weights (its metadata is kept under "continued_from").
     start: Path | None = None
+    # shared/data: with it, `trace_share` of the episodes (and of the tuning's held-out
+    # scenarios) are drafts from the real traces (broker/sim/tracedraft.py).
+    data: Path | None = None
+    trace_share: float = 0.75
 
 
 def load_target(path: Path | None) -> dict[str, float]:
@@ -210,11 +217,12 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
             if n <= 0:
                 break
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            share = cfg.trace_share if cfg.data is not None else 0.0
             tasks = [EpisodeTask(state, HIDDEN, MP_ROUNDS,
-                                 draw(rng, len(cfg.scenarios), cfg.extra_share),
+                                 draw(rng, len(cfg.scenarios), cfg.extra_share, share),
                                  rng.randrange(1 << 30),
                                  cfg.weights, cfg.decision_interval_s, cfg.relative_reward,
-                                 cfg.scenarios) for _ in range(n)]
+                                 cfg.scenarios, cfg.data) for _ in range(n)]
             batch = list(pool.map(run_episode, tasks)) if pool is not None else \
                 [run_episode(t) for t in tasks]
             for ep in batch:
@@ -249,15 +257,20 @@ def _pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
 # ------------------------------------------------------------------ tuning
 
 
-def evaluate(model: ActorCritic, catalog: Catalog, seeds: list[int]) -> list[
-        tuple[dict[str, object], dict[str, object]]]:
-    """(lp, lp+rl) metrics on held-out random scenarios."""
+def evaluate(model: ActorCritic, catalog: Catalog, seeds: list[int],
+             data: Path | None = None) -> list[tuple[dict[str, object], dict[str, object]]]:
+    """(lp, lp+rl) metrics on held-out scenarios: random drafts, or with `data` drafts from
+    the real traces, the kinds in turn (seeds offset from the training draws' range)."""
     from broker.sim.runner import run_policy
 
     out = []
-    for s in seeds:
-        scn = random_draft(catalog, 10_000_000 + s, n_clusters=6, n_edge=1, horizon_s=5400.0,
-                           n_events=200).to_scenario(catalog)
+    for k, s in enumerate(seeds):
+        if data is not None:
+            scn = trace_draft(catalog, data, 30_000_000 + s, horizon_s=7200.0,
+                              kind=KINDS[k % len(KINDS)]).to_scenario(catalog)
+        else:
+            scn = random_draft(catalog, 10_000_000 + s, n_clusters=6, n_edge=1,
+                               horizon_s=5400.0, n_events=200).to_scenario(catalog)
         lp = run_policy(scn, "lp", catalog).metrics
         rl = run_policy(scn, "lp+rl", catalog, model=model).metrics
         out.append((lp, rl))
@@ -306,7 +319,8 @@ def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float
                           budget_s=per_trial * 0.7)
         models[trial.number] = out.model
         trial.set_user_attr("episodes", out.episodes)
-        return target_miss(evaluate(out.model, catalog, [cfg.seed, cfg.seed + 1]), cfg.target)
+        held_out = [cfg.seed + k for k in range(len(KINDS) if cfg.data is not None else 2)]
+        return target_miss(evaluate(out.model, catalog, held_out, cfg.data), cfg.target)
 
     models: dict[int, ActorCritic] = {}
     study = optuna.create_study(direction="minimize",
@@ -365,6 +379,7 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         "episodes_per_update": cfg.episodes_per_update,
         "decision_interval_s": cfg.decision_interval_s,
         "actions": {a.name: [a.low, a.high] for a in ACTIONS},
+        "trace_share": cfg.trace_share if cfg.data is not None else 0.0,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     res.model.save(out, meta=meta)
