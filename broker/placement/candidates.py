@@ -259,12 +259,15 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      workloads: Sequence[Workload] | None = None,
                      site_cost_fraction: float = 1.0, packing: bool = False,
                      paid_cost_fraction: float = PAID_NODE_COST_FRACTION,
-                     node_boot_s: float = NODE_BOOT_S,
+                     node_boot_s: float = NODE_BOOT_S, node_idle_s: float = 0.0,
                      queued: Sequence[Workload] = (), columns: bool = True) -> CandidateSet:
     """Feasibility, cost and the k best options of every pending workload.
 
     `packing` selects the fixed-charge model (module docstring): marginal per-replica
     compute on paid nodes plus `node_usd` per new node; otherwise the per-replica model.
+    `node_idle_s`: how long a node that has emptied stays paid before scale-in takes it (the
+    policy's idle timer; the action's per-pool or per-cluster `idle_timeout_s` overrides it,
+    `PolicyAction.for_pool`), part of the packing model's node charge.
     `queued`: pending workloads not in this batch, for feasibility.py's reservation rule.
     `columns=False`: feasibility and cost only, for a caller that reads no LP columns
     (migrate.py): `cand` is empty per workload and `gpu_sets` has no rows.
@@ -305,7 +308,9 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         paid = np.array([1.0 if o.pool.pricing == PricingModel.EDGE else paid_cost_fraction
                          for o in options], dtype=np.float64)
         compute = compute * paid[None, :]
-        node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s)
+        idle_s = np.array([action.for_pool("idle_timeout_s", o.cluster.name, o.pool.name,
+                                           node_idle_s) for o in options], dtype=np.float64)
+        node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s + idle_s)
     cost = np.where(feasible, compute + egress + latency + bias, np.inf)
     domains = tuple(
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
@@ -353,8 +358,10 @@ def gpu_set_table(wls: Sequence[Workload], options: Sequence[Option], feasible: 
 
 
 def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[Workload],
-                 service_horizon_h: float, node_boot_s: float) -> FloatArray:
-    """USD charged in the objective for opening one node of each option (module docstring)."""
+                 service_horizon_h: float, node_boot_s: float | FloatArray) -> FloatArray:
+    """USD charged in the objective for opening one node of each option (module docstring):
+    its price over the paid seconds no work uses (`node_boot_s`: boot, plus the idle timer
+    after its last replica, per option or one number) and the work it is opened for."""
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
     longest = np.where(feasible, hours[:, None], 0.0).max(axis=0) if len(wls) else \
         np.zeros(len(options))
@@ -364,7 +371,8 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
                           for o in options], dtype=np.float64) / 3600.0
     price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
     span_h = np.maximum(billing_h, np.minimum(service_horizon_h, longest))
-    out: FloatArray = np.where(fixed, 0.0, price * (max(0.0, node_boot_s) / 3600.0 + span_h))
+    idle_h = np.maximum(0.0, np.asarray(node_boot_s, dtype=np.float64)) / 3600.0
+    out: FloatArray = np.where(fixed, 0.0, price * (idle_h + span_h))
     return out
 
 

@@ -319,7 +319,8 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
                           service_horizon_h=config.service_horizon_h,
                           site_cost_fraction=config.site_cost_fraction,
                           packing=config.packing, paid_cost_fraction=config.paid_cost_fraction,
-                          node_boot_s=config.node_boot_s)
+                          node_boot_s=config.node_boot_s,
+                          node_idle_s=config.decisions.forecast_idle_s)
     base = plan_candidates(cs, snapshot, config, policy=policy)
     w = ids.index(workload_id)
     in_cluster = np.array([o.cluster.name == force_cluster for o in cs.options], dtype=bool)

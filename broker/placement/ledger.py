@@ -318,6 +318,25 @@ class Ledger:
         unplaced = r - self.placed(i)
         return len(self.domains[i]) * r + need * unplaced >= need * r
 
+    def split_egress(self, i: int) -> float:
+        """USD of workload i's data moves beyond what its per-replica costs count.
+
+        `CandidateSet.egress` shares one copy of the input among all R replicas, the LP's
+        linear view; but every cluster that runs any replica needs the whole input (the
+        twin moves it to each, as a cluster's storage would stage it). So m of the R
+        replicas in cluster c cost egress_c x (R - m) more than their per-replica terms:
+        0 when all run in one cluster, the full copy again for each further cluster. The
+        LP's bound stays valid (this is never negative)."""
+        xi = self.x[i]
+        if not xi or not self.cs.workloads[i].spec.data:
+            return 0.0
+        r = int(self.cs.replicas[i])
+        seen: dict[str, int] = {}
+        for o in xi:
+            seen.setdefault(self.cluster_of[o], o)
+        return sum(float(self.cs.egress[i, o]) * (r - self.clusters_of_w[i][c])
+                   for c, o in seen.items())
+
     def objective(self, pen: FloatArray) -> float:
         cs = self.cs
         total = 0.0
@@ -325,6 +344,7 @@ class Ledger:
             for o, m in xi.items():
                 total += m * float(cs.cost[i, o])
             total += (int(cs.replicas[i]) - self.placed(i)) * float(pen[i])
+            total += self.split_egress(i)
         # The LP's charge per new node (lp.py's n columns), so LP bound <= objective holds.
         return total + float(self.node_usd @ self.new_nodes)
 

@@ -12,8 +12,9 @@ replica (ledger.unplaced_penalty: > every option's cost, x priority factor);
 h_r headroom (the policy's ratio for cpu and memory; 1 for GPUs, which are
 whole devices and never overcommitted); F_{o,r} free capacity (clipped at 0);
 N_{o,r} allocatable per node; f_o the fixed charge of opening one node of o (the
-packing model, candidates.node_charges: price x (boot + max(billing minimum, min(horizon,
-longest work on o)))), or ε = NEW_NODE_EPSILON_USD (the per-replica model, a tie-breaker);
+packing model, candidates.node_charges: price x (boot + idle timer + max(billing minimum,
+min(horizon, longest work on o)))), or ε = NEW_NODE_EPSILON_USD (the per-replica model, a
+tie-breaker);
 A_o nodes the pool may add; Q_{c,r} quota headroom (vCPU, GPU) of cluster c;
 p_{w,o} USD/h per replica; B_t tenant budget; B_w workload budget.
 
@@ -51,6 +52,12 @@ bin-packing. The relaxation spreads f_o over fractional n_o (it prices a new nod
 at f_o / N_o per unit, the per-replica model's view); integrality is restored by the
 Ledger (it opens ceil nodes and charges f_o for each, so `Ledger.objective` is this
 objective and LP bound <= objective holds) and, past the gap target, by the MIP.
+
+Egress. c_{w,o} shares one copy of w's input among its R_w replicas: the linear
+relaxation of "each cluster running a replica of w needs the whole copy", exact when w
+runs in one cluster. The integer objective (ledger.Ledger.split_egress) charges the copy
+again for each further cluster, so integer solutions are compared by what they bill,
+and the LP value stays a bound.
 
 The slack u makes the program always feasible; an unplaced replica's reason
 is the family whose rows bind (planner.py). Per-pair constraints (RTT <= SLO,

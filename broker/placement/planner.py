@@ -248,7 +248,8 @@ def candidates(snapshot: FederationSnapshot, action: PolicyAction,
                             site_cost_fraction=config.site_cost_fraction,
                             packing=config.packing,
                             paid_cost_fraction=config.paid_cost_fraction,
-                            node_boot_s=config.node_boot_s, queued=queued)
+                            node_boot_s=config.node_boot_s,
+                            node_idle_s=config.decisions.forecast_idle_s, queued=queued)
 
 
 def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: PolicyAction,

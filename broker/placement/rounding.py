@@ -99,6 +99,7 @@ def _local_objective(ledger: Ledger, pen: FloatArray, ws: tuple[int, ...]) -> fl
     for w in ws:
         total += sum(m * float(cs.cost[w, o]) for o, m in ledger.x[w].items())
         total += (int(cs.replicas[w]) - ledger.placed(w)) * float(pen[w])
+        total += ledger.split_egress(w)
     return total
 
 

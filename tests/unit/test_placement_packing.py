@@ -101,3 +101,52 @@ def test_greedy_keeps_the_seed_price_under_packing() -> None:
     assert pools_used(plan_epoch(snap, ACTION, PACKING, policy="greedy")) == {("cheap", "c")}
     assert pools_used(plan_epoch(snap, ACTION, PER_REPLICA, policy="greedy")) == \
         {("cheap", "c")}
+
+
+def test_node_charge_counts_the_idle_timer_the_node_is_paid_for_after_its_work() -> None:
+    """A node opened for work stays paid after its last replica leaves, for the policy's
+    idle timer (DecisionConfig.forecast_idle_s for lp; PolicyAction.idle_timeout_s per
+    cluster): the charge is price x (boot + idle timer + the work's span). Without the idle
+    timer a 6-minute 1-GPU job looked cheaper on a new 8-GPU node than in paid room."""
+    w = workload("j", kind=WorkloadKind.BATCH, duration_s=1800.0)
+    snap = snapshot((w,), clusters=two_clouds())
+    plain = build_candidates(snap, ACTION, k=4, service_horizon_h=1.0, packing=True,
+                             node_idle_s=120.0)
+    longer = build_candidates(snap, PolicyAction(idle_timeout_s={"cheap": 900.0}), k=4,
+                              service_horizon_h=1.0, packing=True, node_idle_s=120.0)
+    assert plain.node_usd is not None
+    assert longer.node_usd is not None
+    assert plain.node_usd[0] == pytest.approx(0.30 * (NODE_BOOT_S + 120.0 + 1800.0) / 3600.0)
+    assert longer.node_usd[0] == pytest.approx(0.30 * (NODE_BOOT_S + 900.0 + 1800.0) / 3600.0)
+    assert longer.node_usd[1] == pytest.approx(plain.node_usd[1])  # other clusters keep 120 s
+    # plan_epoch charges lp's own idle timer.
+    cfg = PlannerConfig(time_limit_s=2.0)
+    from broker.placement.planner import candidates
+
+    cs = candidates(snap, ACTION, cfg)
+    assert cs.node_usd is not None
+    assert cs.node_usd[0] == pytest.approx(
+        0.30 * (NODE_BOOT_S + cfg.decisions.forecast_idle_s + 1800.0) / 3600.0)
+
+
+def test_a_job_is_not_split_where_each_further_cluster_needs_its_own_copy_of_the_data() -> None:
+    """Every cluster that runs a replica needs the whole input (the twin moves it to each).
+    The LP shares one copy's egress among the replicas, so 2 of 4 replicas in a remote
+    cluster with room for 2 looked cheaper (per replica 0.075 compute + 0.225 egress vs
+    0.375 at home) although the copy costs 0.90 whatever the replicas: 0.30 USD more than
+    keeping all four at home. The integer objective (Ledger.split_egress) counts the copy."""
+    from broker.domain import DataSource
+
+    clusters = (
+        Cluster(name="home", provider="aws", region="us-east-1",
+                pools=(pool("h", price=3.0, nodes=1, max_nodes=1),)),
+        Cluster(name="away", provider="gcp", region="us-central1",
+                pools=(pool("a", price=0.6, nodes=1, max_nodes=1,
+                            used=Resources(cpu=5.2, memory_gib=5.2)),)),
+    )
+    job = workload("j", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
+                   data=(DataSource(size_gb=10.0, location="home"),))
+    plan = plan_epoch(snapshot((job,), clusters=clusters), ACTION, PACKING, policy="lp")
+    [p] = plan.placements
+    assert {a.cluster: a.replicas for a in p.assignments} == {"home": 4}
+    assert not plan.unplaced
