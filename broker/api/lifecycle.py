@@ -8,8 +8,9 @@ re-planned when it must change:
   rollout: the same assignments are recorded as a new placement, which the dispatcher applies
   (the Kubernetes driver patches the object; its rolling update keeps the ready replicas);
 - fewer replicas -> a scale in place: the same clusters and pools, replicas taken off the
-  last assignments, applied the same way; replicas the planner added for a latency SLO
-  stay (placement/feasibility.py `scaled_down_replicas`);
+  last assignments (a spread workload's off the largest, so it keeps its domains: `shrunk`),
+  applied the same way; replicas the planner added for a latency SLO stay
+  (placement/feasibility.py `scaled_down_replicas`);
 - anything else (more replicas, resources, where it may run) -> re-planned: the workload goes
   back to the planner with the new spec; what runs keeps running until its new placement
   replaces it (a placement on the same cluster is applied as a patch, i.e. a scale).
@@ -51,16 +52,28 @@ def change_of(old: WorkloadSpec, new: WorkloadSpec) -> str:
     return "replan"
 
 
-def shrunk(assignments: tuple[Assignment, ...], replicas: int) -> tuple[Assignment, ...]:
-    """The assignments holding `replicas` in place, taken off the last ones first."""
-    out: list[Assignment] = []
-    left = replicas
-    for a in assignments:
-        if left <= 0:
-            break
-        out.append(dataclasses.replace(a, replicas=min(a.replicas, left)))
-        left -= out[-1].replicas
-    return tuple(out)
+def shrunk(assignments: tuple[Assignment, ...], replicas: int, *,
+           spread: bool = False) -> tuple[Assignment, ...]:
+    """The assignments holding `replicas` in place, taken off the last ones first.
+
+    With `spread` (the workload asks for a spread over domains) they come off the largest
+    assignment first (ties: the later one), so as many assignments as `replicas` allows keep
+    one and the spread the planner placed keeps its domains; taken off the last ones, the
+    tour's shop-frontend (3 on azure-weu, 1 on gcp-euw4, at least 2 clusters) scaled to 2
+    lost gcp-euw4. The Kubernetes ReplicaSet controller ranks pods for deletion the same way
+    (pkg/controller/controller_utils.go `ActivePodsWithRanks`: "doubled up < not doubled
+    up", a pod sharing its node with more of the set goes first).
+    """
+    counts = [a.replicas for a in assignments]
+    drop = sum(counts) - max(0, replicas)
+    while drop > 0:
+        i = max(range(len(counts)), key=lambda j: (counts[j], j)) if spread else \
+            max(j for j, n in enumerate(counts) if n > 0)
+        take = 1 if spread else min(drop, counts[i])
+        counts[i] -= take
+        drop -= take
+    return tuple(dataclasses.replace(a, replicas=n)
+                 for a, n in zip(assignments, counts, strict=True) if n > 0)
 
 
 async def upsert(uow: UnitOfWork, *, tenant: str, ref: str | None,
@@ -105,7 +118,7 @@ async def upsert(uow: UnitOfWork, *, tenant: str, ref: str | None,
         assignments, message = p.assignments, "rolling out the changed spec"
     else:
         keep = scaled_down_replicas(w.spec.replicas, spec.replicas, p.placed_replicas)
-        assignments = shrunk(p.assignments, keep)
+        assignments = shrunk(p.assignments, keep, spread=spec.spread is not None)
         message = f"scaled in place to {spec.replicas} replicas" + (
             f" (+{keep - spec.replicas} for the latency SLO)" if keep > spec.replicas else "")
     await uow.workloads.update_spec(w.id, spec, message=message, requeue=False)

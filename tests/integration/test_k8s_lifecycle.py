@@ -289,7 +289,7 @@ async def test_a_scale_down_in_place_keeps_the_replicas_slo_sizing_added(
     """The README tour's shop-frontend asks 3 replicas and the planner places 4 for its
     30 ms SLO under queueing (feasibility.size_for_slo). Scaled down to 2 in place, it keeps
     the added replica (3 placed, as the twin's scale event keeps them); shrinking to the
-    asked 2 dropped it until the next re-plan."""
+    asked 2 dropped it until the next re-plan. And it keeps both clusters of its spread."""
     from broker.app import start_up
     from broker.federation.placement_loop import make_placement_loop
     from tests.integration.test_drivers_wiring import _tour_documents
@@ -321,7 +321,31 @@ async def test_a_scale_down_in_place_keeps_the_replicas_slo_sizing_added(
             pid = r.json()["status"]["placementId"]
             after = (await c.get(f"/v1/placements/{pid}", headers=h)).json()
         assert sum(a["replicas"] for a in after["assignments"]) == 3
+        # Spread over >= 2 clusters: the replica comes off the larger assignment.
+        placed = {(a.cluster, a.replicas) for a in before.assignments}
+        assert placed == {("azure-weu", 3), ("gcp-euw4", 1)}
+        assert {(a["cluster"], a["replicas"]) for a in after["assignments"]} == \
+            {("azure-weu", 2), ("gcp-euw4", 1)}
     finally:
         if rt.driver_registry is not None:
             await rt.driver_registry.aclose()
         await rt.store.close()
+
+
+@pytest.mark.parametrize(("spread", "keep", "expected"), [
+    (False, 3, [("a", 3)]),  # off the last assignments first
+    (False, 5, [("a", 3), ("b", 2)]),
+    (True, 3, [("a", 1), ("b", 1), ("c", 1)]),  # off the largest: every domain keeps one
+    (True, 2, [("a", 1), ("b", 1)]),  # fewer than the domains: the later ones go first
+    (True, 5, [("a", 2), ("b", 2), ("c", 1)]),
+    (True, 0, []),
+])
+def test_a_shrunk_placement_keeps_a_spread_s_domains(spread: bool, keep: int,
+                                                     expected: list[tuple[str, int]]) -> None:
+    from broker.api.lifecycle import shrunk
+    from broker.domain import Assignment, PricingModel
+
+    placed = tuple(Assignment(cluster=c, pool="p", pricing=PricingModel.ON_DEMAND, replicas=n,
+                              price_usd_per_hour=0.1) for c, n in (("a", 3), ("b", 2), ("c", 1)))
+    got = shrunk(placed, keep, spread=spread)
+    assert [(a.cluster, a.replicas) for a in got] == expected
