@@ -216,8 +216,8 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
         "gpu_model": model_ok,
         "interconnect": ic_ok,
         "topology": topo_ok,
-        "latency": _latency_mask(wls, rtt_table(snapshot, wls, options) if rtt is None
-                                 else rtt),
+        "latency": latency_mask(wls, rtt_table(snapshot, wls, options) if rtt is None
+                                else rtt),
         "taints": _per_cluster_mask(
             wls, options, lambda w: tuple(w.spec.tolerations),
             lambda sig, c: tolerates_all(sig, c.taints)),
@@ -298,13 +298,16 @@ def rtt_table(snapshot: FederationSnapshot, wls: Sequence[Workload],
     return out
 
 
-def _latency_mask(wls: Sequence[Workload], rtt: FloatArray) -> BoolArray:
+def latency_mask(wls: Sequence[Workload], rtt: FloatArray,
+                 utilization: Sequence[float | None] | None = None) -> BoolArray:
     """`latency` family: RTT(user region, cluster) + the planned wait <= SLO.
 
     The planned wait is the M/M/1 wait of one replica at the spec's `slo_utilization`
     (placement/queueing.py; the worst case of any split of the replicas over clusters), none
     when the spec has no `slo_utilization` (the SLO bounds RTT alone: workloads the planner
-    did not size, and the baselines, whose systems have no such rule).
+    did not size, and the baselines, whose systems have no such rule). `utilization`: per
+    workload, the load to judge it at where its spec carries none (a running service's,
+    `running_slo_utilization`; None entries: the spec's own).
     """
     mask = np.ones(rtt.shape, dtype=bool)
     rows: dict[tuple[str, float, float | None], BoolArray] = {}
@@ -312,10 +315,12 @@ def _latency_mask(wls: Sequence[Workload], rtt: FloatArray) -> BoolArray:
         spec = w.spec
         if spec.latency_slo_ms is None or spec.user_region is None:
             continue
-        key = (spec.user_region, spec.latency_slo_ms, spec.slo_utilization)
+        util = spec.slo_utilization
+        if util is None and utilization is not None:
+            util = utilization[i]
+        key = (spec.user_region, spec.latency_slo_ms, util)
         if key not in rows:
-            wait = 0.0 if spec.slo_utilization is None else \
-                queueing.queue_wait_ms(1, spec.slo_utilization)
+            wait = 0.0 if util is None else queueing.queue_wait_ms(1, util)
             rows[key] = rtt[i] + wait <= spec.latency_slo_ms + 1e-9  # nan (unknown): False
         mask[i] = rows[key]
     return mask
@@ -345,7 +350,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
     `queueing.replicas_for_slack` gives the fewest replicas
     n >= asked at which even one replica alone in a cluster waits within the slack; the
     service is planned with n replicas and `slo_utilization` = TARGET x asked / n, and
-    `_latency_mask` admits only clusters where RTT + that wait fits, so any split of the
+    `latency_mask` admits only clusters where RTT + that wait fits, so any split of the
     n replicas serves inside the SLO. No such n within the factor cap (or no cluster under
     the SLO): unchanged, and the SLO bounds RTT alone as before. Weighted splits (Karmada's
     static weights divide the asked count) and non-services are left as they are.
@@ -414,6 +419,8 @@ def _nth_domain_rtt(rtts: Sequence[tuple[float, str]], need: int) -> float | Non
 def _avoid_mask(snapshot: FederationSnapshot, wls: Sequence[Workload],
                 options: Sequence[Option]) -> BoolArray:
     mask = np.ones((len(wls), len(options)), dtype=bool)
+    if not any(w.spec.avoid_workloads for w in wls):
+        return mask  # nothing to avoid: no need to walk what runs where
     running = _running_names_by_cluster(snapshot)
     if not running:
         return mask

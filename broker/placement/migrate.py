@@ -58,9 +58,9 @@ from broker.domain import (
     Workload,
     WorkloadKind,
 )
-from broker.placement.candidates import CandidateSet, build_candidates
+from broker.placement.candidates import BoolArray, CandidateSet, FloatArray, build_candidates
 from broker.placement.decisions import DecisionConfig
-from broker.placement.feasibility import running_slo_utilization
+from broker.placement.feasibility import latency_mask, running_slo_utilization
 from broker.placement.kinds import Migration
 from broker.placement.network import RttResolver
 
@@ -131,16 +131,45 @@ def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
     return [a for a in out if a.reason in reasons]
 
 
-def _as_running(w: Workload, running: int, slo_queueing: bool) -> Workload:
-    """A running workload as the move rules judge it: its running replica count and, with
-    `slo_queueing`, the per-replica load of feasibility.running_slo_utilization (computed
-    from the spec's asked replicas); one copy of the spec, none when nothing changes."""
-    changes: dict[str, object] = {}
-    if w.spec.replicas != running:
-        changes["replicas"] = running
-    if slo_queueing and (util := running_slo_utilization(w.spec, running)) is not None:
-        changes["slo_utilization"] = util
-    return replace(w, spec=replace(w.spec, **changes)) if changes else w  # type: ignore[arg-type]
+def _as_running(w: Workload, running: int) -> Workload:
+    """A running workload at its running replica count (the spec itself when they agree)."""
+    if w.spec.replicas == running:
+        return w
+    return replace(w, spec=replace(w.spec, replicas=running))
+
+
+def _feasible(asks: list[_Ask], cs: CandidateSet, slo_queueing: bool) -> BoolArray:
+    """The targets every hard constraint allows; with `slo_queueing` the latency family
+    judges each running latency-SLO service at feasibility.running_slo_utilization of its
+    spec (the asked replicas' load over the running ones), not at RTT alone: the same mask
+    as copying each spec with that `slo_utilization`, without ~1,000 copies an epoch."""
+    if not slo_queueing:
+        return cs.feasible
+    utils = [running_slo_utilization(a.workload.spec, int(r))
+             for a, r in zip(asks, cs.replicas, strict=True)]
+    if all(u is None for u in utils):
+        return cs.feasible
+    out: BoolArray = cs.feasible & latency_mask(cs.workloads, cs.rtt_ms, utils)
+    return out
+
+
+def _sources(asks: list[_Ask], cs: CandidateSet, running: FloatArray
+             ) -> tuple[list[list[int]], FloatArray]:
+    """Per ask, the options it runs on now and its running cost there (USD/h, all replicas;
+    inf when a pool it runs on is not an option now)."""
+    index = {(o.cluster.name, o.pool.name): o.index for o in cs.options}
+    src_idx: list[list[int]] = []
+    now_cost = np.zeros(len(asks))
+    for i, ask in enumerate(asks):
+        here = [(index.get((a.cluster, a.pool)), a.replicas) for a in ask.placement.assignments]
+        idx = [j for j, _ in here if j is not None]
+        src_idx.append(idx)
+        if len(idx) < len(here):
+            now_cost[i] = math.inf
+        else:
+            row = running[i]
+            now_cost[i] = float(sum(row[j] * n for j, n in here))
+    return src_idx, now_cost
 
 
 def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: DecisionConfig, *,
@@ -154,28 +183,23 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     asks = _asks(snapshot, reasons)
     if not asks:
         return ()
-    wls = [_as_running(a.workload, a.placement.placed_replicas, slo_queueing) for a in asks]
+    wls = [_as_running(a.workload, a.placement.placed_replicas) for a in asks]
     cs = build_candidates(snapshot, action, k=k, service_horizon_h=service_horizon_h,
                           workloads=wls, site_cost_fraction=site_cost_fraction, columns=False)
     if not cs.options:
         return ()
     room = _Room(cs, placed)
+    feasible = _feasible(asks, cs, slo_queueing)
     running = cs.compute + cs.latency + cs.bias
-    move = np.where(cs.feasible, cfg.migration_overlap_h * cs.usd_per_hour, np.inf)
-    index = {(o.cluster.name, o.pool.name): o.index for o in cs.options}
+    move = np.where(feasible, cfg.migration_overlap_h * cs.usd_per_hour, np.inf)
     names = np.array([o.cluster.name for o in cs.options])
     reps = cs.replicas.astype(np.int64)
     # One-off cost: overlap running + the data's egress to the target (all replicas).
     one_off = (move + cs.egress) * reps[:, None]
-    ok = cs.feasible.copy()
-    sources: list[tuple[list[int], float]] = []
+    ok = feasible.copy()
+    sources, now_costs = _sources(asks, cs, running)
     for i, ask in enumerate(asks):
-        src = [(index.get((a.cluster, a.pool)), a.replicas) for a in ask.placement.assignments]
-        src_idx = [j for j, _ in src if j is not None]
-        now_cost = math.inf if len(src_idx) < len(src) else \
-            float(sum(running[i, j] * n for j, n in src if j is not None))
-        sources.append((src_idx, now_cost))
-        ok[i, src_idx] = False
+        ok[i, sources[i]] = False
         if ask.avoid:
             ok[i] &= ~np.isin(names, list(ask.avoid))
         if ask.only is not None:
@@ -188,7 +212,7 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     better: list[tuple[float, int, int, float]] = []  # (-saving, ask, option, one-off)
     for i, ask in enumerate(asks):
         r = int(reps[i])
-        src_idx, now_cost = sources[i]
+        src_idx, now_cost = sources[i], float(now_costs[i])
         j0 = int(first[i])
         if not math.isfinite(score[i, j0]) or not _worth(
                 ask.reason, now_cost, float(running[i, j0]) * r, float(one_off[i, j0]),

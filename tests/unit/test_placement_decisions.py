@@ -23,7 +23,7 @@ from broker.domain import (
     Workload,
     WorkloadKind,
 )
-from broker.placement import decisions
+from broker.placement import decisions, migrate
 from broker.placement.decisions import DecisionConfig
 from broker.placement.planner import PlannerConfig, plan_epoch
 from tests.unit.placement_world import pool, workload
@@ -203,6 +203,33 @@ def test_a_service_whose_measured_rtt_breaks_its_slo_is_moved() -> None:
     slow = replace(ok, rtt_ms={("users", "near"): 45.0})  # an agent measured 45 ms
     [m] = plan_epoch(slow, PolicyAction(), CFG).migrations
     assert (m.reason, m.target.assignments[0].cluster) == ("slo", "near2")
+
+
+def test_an_slo_move_is_judged_at_the_running_replicas_wait_under_queueing() -> None:
+    # One replica running where an agent measured 45 ms against a 10 ms SLO. "tight" is
+    # cheaper and 9.5 ms away: RTT alone fits; with the wait of one replica at the target
+    # load (M/M/1, rho 0.5: 5 ms) it does not. "close" (2 ms) fits either way. migrate.py
+    # judges the running load on top of the candidate build's RTT-only latency mask.
+    users = UserRegion("users", 38.9, -77.4)
+    w = workload("api", user_region="users", latency_slo_ms=10.0)
+    clusters = (_cluster("near", pool("m5", price=0.3)), _cluster("tight", pool("m5", price=0.1)),
+                _cluster("close", pool("m5", price=0.4)))
+    snap = _snap(clusters, running=((_running(w, "near", "m5", 0.3), w),),
+                 user_regions=(users,),
+                 rtt_ms={("users", "near"): 45.0, ("users", "tight"): 9.5,
+                         ("users", "close"): 2.0})
+
+    def target(slo_queueing: bool) -> str:
+        [m] = migrate.migrations(snap, PolicyAction(), DecisionConfig(), k=8,
+                                 service_horizon_h=1.0, site_cost_fraction=1.0, placed={},
+                                 slo_queueing=slo_queueing)
+        assert m.reason == "slo"
+        return m.target.assignments[0].cluster
+
+    assert target(slo_queueing=False) == "tight"
+    assert target(slo_queueing=True) == "close"
+    [m] = plan_epoch(snap, PolicyAction(), CFG, policy="lp").migrations  # lp plans queueing
+    assert m.target.assignments[0].cluster == "close"
 
 
 def test_better_needs_a_clear_saving_hysteresis_and_never_moves_back() -> None:
