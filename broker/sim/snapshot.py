@@ -93,14 +93,21 @@ def pending_workload(ws: WorkloadState, replicas: int | None = None) -> Workload
     return out
 
 
-def running_placement(ws: WorkloadState) -> Placement:
+def running_placement(ws: WorkloadState, *, reuse: bool = True) -> Placement:
     """Where a running workload's replicas are, one assignment per pool (the migration
-    rules' `source`; prices are the planner's to compute, so 0 here)."""
+    rules' `source`; prices are the planner's to compute, so 0 here). With `reuse`, the
+    same value as last time while its groups' pools and counts are unchanged (kept on `ws`).
+    """
+    key = tuple((g.cluster, g.pool, g.count) for g in ws.groups)
+    if reuse and ws.as_running is not None and ws.as_running[0] == key:
+        return ws.as_running[1]
     count: dict[Pair, int] = {}
-    for g in ws.groups:
-        count[(g.cluster, g.pool)] = count.get((g.cluster, g.pool), 0) + g.count
-    return Placement(ws.ev.id, tuple(Assignment(c, p, PricingModel.ON_DEMAND, n, 0.0)
-                                     for (c, p), n in count.items()), 0.0)
+    for c, p, n in key:
+        count[(c, p)] = count.get((c, p), 0) + n
+    out = Placement(ws.ev.id, tuple(Assignment(c, p, PricingModel.ON_DEMAND, n, 0.0)
+                                    for (c, p), n in count.items()), 0.0)
+    ws.as_running = (key, out)
+    return out
 
 
 def movable(ws: WorkloadState) -> bool:
@@ -243,19 +250,20 @@ def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
     the running services (`movable`) with their specs and the sites they were evicted from;
     with `pods`, what runs on each node (`with_pods`).
     When capacity last grew is the engine's (backoff's "cluster event")."""
+    reuse = engine.config.reuse_observations
     snap = merge(twin_inputs(engine, batch), TWIN_MERGE,
-                 memo=engine.merge_memo if engine.config.reuse_observations else None)
+                 memo=engine.merge_memo if reuse else None)
     if pods:
         snap = with_pods(snap, engine)
     # Where the batch's partly placed workloads already run (no spec: never moved), so a
     # policy can keep a replica's member cluster (baselines.py's Karmada layer).
-    partial = tuple(running_placement(ws) for ws in batch if ws.groups)
+    partial = tuple(running_placement(ws, reuse=reuse) for ws in batch if ws.groups)
     if not running:
         return replace(snap, capacity_changed_s=engine.capacity_changed_s, running=partial)
-    states = [ws for ws in engine.workloads.values() if movable(ws)]
+    states = [ws for ws in engine.unfinished.values() if movable(ws)]  # arrival order
     specs = {ws.ev.id: pending_workload(ws, replicas=ws.placed) for ws in states}
     return replace(snap, capacity_changed_s=engine.capacity_changed_s,
-                   running=tuple(running_placement(ws) for ws in states)
+                   running=tuple(running_placement(ws, reuse=reuse) for ws in states)
                    + tuple(p for p in partial if p.workload_id not in specs), workloads=specs,
                    displaced={ws.ev.id: tuple(ws.displaced) for ws in states if ws.displaced})
 

@@ -17,7 +17,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from broker.domain import Cluster, NodeState, Resources, Workload
+from broker.domain import Cluster, NodeState, Placement, Resources, Workload
 from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
 from broker.placement.observed import ObservedNode, PoolObservation, decayed
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
@@ -361,6 +361,9 @@ class WorkloadState:
     slo_violation: float = 0.0
     # The workload the snapshot last showed and its (replicas, tries, tried_s) (sim/snapshot.py).
     as_workload: tuple[tuple[int, int, float], Workload] | None = None
+    # Where it runs as the snapshot last showed it: its groups' (cluster, pool, count) and
+    # the placement made of them (sim/snapshot.py running_placement).
+    as_running: tuple[tuple[tuple[str, str, int], ...], Placement] | None = None
 
     @property
     def running(self) -> int:
