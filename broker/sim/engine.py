@@ -42,6 +42,7 @@ from broker.domain import FederationSnapshot, PolicyAction, UserRegion
 from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.placement.snapshot import MergeMemo
 from broker.sim import applying, faults, hazard, training
+from broker.sim.heap import run_heap
 from broker.sim.metrics import Metrics
 from broker.sim.network import egress_table, user_rtt_table
 from broker.sim.realize import SPOT_HAZARD, TwinNoise, realize, stream
@@ -187,6 +188,10 @@ class Engine:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, object]:
+        with run_heap():  # the collector's settings only (sim/heap.py): no decision changes
+            return self._run()
+
+    def _run(self) -> dict[str, object]:
         horizon = self.scenario.horizon_s
         for f in self.scenario.faults:
             if f.at_s <= horizon:
