@@ -297,6 +297,8 @@ class Pool:
     # for them per option and per row: ~400 k times an hour of federation-day). Not data.
     _provisioned: Resources | None = field(default=None, init=False, repr=False, compare=False)
     _free: Resources | None = field(default=None, init=False, repr=False, compare=False)
+    _figures: tuple[float, ...] | None = field(default=None, init=False, repr=False,
+                                               compare=False)
 
     @property
     def provisioned(self) -> Resources:
@@ -317,6 +319,19 @@ class Pool:
     @property
     def can_add_nodes(self) -> int:
         return max(0, self.max_nodes - self.nodes)
+
+    @property
+    def figures(self) -> tuple[float, ...]:
+        """(node cpu, memory_gib, gpu; free cpu, memory_gib, gpu; can_add_nodes): the row the
+        planner reads of every option once per candidate build (candidates.option_table),
+        computed once per pool value, as `free` is."""
+        out = self._figures
+        if out is None:
+            n, f = self.node, self.free
+            out = (n.cpu, n.memory_gib, float(n.gpu), f.cpu, f.memory_gib, float(f.gpu),
+                   float(self.can_add_nodes))
+            object.__setattr__(self, "_figures", out)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

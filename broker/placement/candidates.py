@@ -142,11 +142,10 @@ class OptionTable:
 
 
 def option_table(options: Sequence[Option]) -> OptionTable:
-    node = np.array([[o.pool.node.cpu, o.pool.node.memory_gib, o.pool.node.gpu]
-                     for o in options], dtype=np.float64).reshape(-1, 3)
-    free = np.array([[f.cpu, f.memory_gib, float(f.gpu)] for f in (o.pool.free for o in options)],
-                    dtype=np.float64).reshape(-1, 3)
-    can_add = np.array([o.pool.can_add_nodes for o in options], dtype=np.int64)
+    rows = np.array([o.pool.figures for o in options], dtype=np.float64).reshape(-1, 7)
+    node = np.ascontiguousarray(rows[:, 0:3])
+    free = np.ascontiguousarray(rows[:, 3:6])
+    can_add = rows[:, 6].astype(np.int64)
     quota = quota_headrooms(options)
     by_cluster = {name: [np.inf if v is None else v for v in left]
                   for name, left in quota.items()}
