@@ -34,6 +34,9 @@ _EPS = 1e-7
 # and the least one costs in the packing model: a tie-breaker that keeps the LP from adding
 # nodes it does not need (lp.py uses the same).
 NEW_NODE_EPSILON_USD = 1e-3
+# Ledger.fill tries this many options one by one before screening the rest with
+# capacity_fit (a vectorised pass over every option, ~10x one max_fit).
+_SCREEN_AFTER = 16
 
 
 def node_costs(cs: CandidateSet) -> FloatArray:
@@ -80,12 +83,14 @@ def tenant_budgets(snapshot: FederationSnapshot) -> dict[str, float]:
 
 def conflicts(workloads: Sequence[Workload]) -> list[set[int]]:
     """Per workload: indices of batch workloads it must not share a cluster with."""
+    out: list[set[int]] = [set() for _ in workloads]
+    if not any(w.spec.avoid_workloads for w in workloads):
+        return out  # the common batch: no name index to build (every Ledger calls this)
     by_name: dict[str, list[int]] = {}
     for i, w in enumerate(workloads):
         by_name.setdefault(w.spec.name, []).append(i)
         if w.id != w.spec.name:
             by_name.setdefault(w.id, []).append(i)
-    out: list[set[int]] = [set() for _ in workloads]
     for i, w in enumerate(workloads):
         for name in w.spec.avoid_workloads:
             for j in by_name.get(name, ()):
@@ -96,7 +101,15 @@ def conflicts(workloads: Sequence[Workload]) -> list[set[int]]:
 
 
 class Ledger:
-    """Residual capacity, quotas and budgets while replicas are placed."""
+    """Residual capacity, quotas and budgets while replicas are placed.
+
+    The per-replica queries (`max_fit`, `node_cap`) and updates (`add`, `remove`) run
+    thousands of times an epoch on 3-vectors, so they read Python-float mirrors of the
+    arrays (`_node_l`, `_free_l`, `_use_l`, ...) instead of numpy rows: numpy's per-call
+    overhead on a 3-element row was most of their cost. Same IEEE arithmetic in the same
+    order, so the same answers; `usage` (numpy) is kept in step for the vectorised
+    `capacity_fit` and the baselines' scoring.
+    """
 
     def __init__(self, cs: CandidateSet, snapshot: FederationSnapshot) -> None:
         self.cs = cs
@@ -105,7 +118,8 @@ class Ledger:
         self.node = cs.table.node
         self.free = np.maximum(cs.table.free, 0.0)
         self.can_add = cs.table.can_add
-        self.usage = np.zeros((n_o, 3))
+        self._usage = np.zeros((n_o, 3))
+        self._stale: set[int] = set()  # options whose _usage row lags _use_l
         self.new_nodes = np.zeros(n_o, dtype=np.int64)
         self.h = cs.headroom_vec()
         self.cluster_of = [o.cluster.name for o in cs.options]
@@ -124,11 +138,29 @@ class Ledger:
         self.clusters_of_w: list[dict[str, int]] = [{} for _ in cs.workloads]
         self.conflicts = conflicts(cs.workloads)
         self.node_usd = node_costs(cs)
+        # Python mirrors of what the per-replica paths read (see the class docstring).
+        self._node_l: list[list[float]] = self.node.tolist()
+        self._free_l: list[list[float]] = self.free.tolist()
+        self._use_l: list[list[float]] = [[0.0, 0.0, 0.0] for _ in range(n_o)]
+        self._h_l: list[float] = self.h.tolist()
+        self._dem_l: list[list[float]] = cs.demand.tolist()
+        self._rep_l: list[int] = cs.replicas.tolist()
+        self._placed: list[int] = [0] * len(cs.workloads)
+        self._opt_q = [self.quota_left[c] for c in self.cluster_of]  # shared lists, per option
         self.cls = [gpu_class(w) for w in cs.workloads]
         self.set_used = dict.fromkeys(cs.gpu_sets, 0)
         self._set_keys: dict[int, list[tuple[int, tuple[int, bool]]]] = {}
         for key in cs.gpu_sets:
             self._set_keys.setdefault(key[0], []).append(key)
+
+    @property
+    def usage(self) -> FloatArray:
+        """O x 3 resources placed per option (the mirror's rows copied in when read)."""
+        if self._stale:
+            for o in self._stale:
+                self._usage[o] = self._use_l[o]
+            self._stale.clear()
+        return self._usage
 
     def _sync_quota(self, cluster: str) -> None:
         for col in (0, 1):
@@ -137,17 +169,19 @@ class Ledger:
 
     # -- queries ---------------------------------------------------------------
     def placed(self, i: int) -> int:
-        return sum(self.x[i].values())
+        return self._placed[i]
 
     def node_cap(self, o: int) -> int:
         """Most nodes pool `o` may have added, given can_add and the quota left."""
         n_max = int(self.can_add[o])
-        q = self.quota_left[self.cluster_of[o]]
-        for dim, left in ((0, q[0]), (2, q[1])):
-            per = self.node[o, dim]
-            if left is not None and per > 0:
-                n_max = min(n_max, int(self.new_nodes[o]) + math.floor(left / per + _EPS))
-        return max(n_max, int(self.new_nodes[o]))
+        new = int(self.new_nodes[o])
+        q = self._opt_q[o]
+        node = self._node_l[o]
+        if q[0] is not None and node[0] > 0:
+            n_max = min(n_max, new + math.floor(q[0] / node[0] + _EPS))
+        if q[1] is not None and node[2] > 0:
+            n_max = min(n_max, new + math.floor(q[1] / node[2] + _EPS))
+        return max(n_max, new)
 
     def capacity_fit(self, i: int) -> IntArray:
         """Replicas of workload i each option could still take by capacity and quota alone.
@@ -179,19 +213,21 @@ class Ledger:
         cs = self.cs
         if not cs.feasible[i, o]:
             return 0
-        spec = cs.workloads[i].spec
-        m = int(cs.replicas[i]) - self.placed(i)
+        m = self._rep_l[i] - self._placed[i]
         if m <= 0:
             return 0
-        cap = self.h * (self.free[o] + self.node_cap(o) * self.node[o]) - self.usage[o]
-        d = cs.demand[i]
+        spec = cs.workloads[i].spec
+        n_cap = self.node_cap(o)
+        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
+        d = self._dem_l[i]
         for r in range(3):
             if d[r] > 0:
-                m = min(m, math.floor(cap[r] / d[r] + _EPS))
+                cap = h[r] * (free[r] + n_cap * node[r]) - use[r]
+                m = min(m, math.floor(cap / d[r] + _EPS))
         cls = self.cls[i]
         if cls is not None and (o, cls) in cs.gpu_sets:
-            free, per_node = cs.gpu_sets[(o, cls)]
-            m = min(m, free + per_node * self.node_cap(o) - self.set_used[(o, cls)])
+            free_sets, per_node = cs.gpu_sets[(o, cls)]
+            m = min(m, free_sets + per_node * n_cap - self.set_used[(o, cls)])
         usdh = float(cs.usd_per_hour[i, o])
         if usdh > 0:
             tenant = cs.workloads[i].tenant
@@ -205,7 +241,7 @@ class Ledger:
             if dom not in self.domains[i] and len(self.domains[i]) >= spec.spread.max_domains:
                 return 0
         cname = self.cluster_of[o]
-        if any(cname in self.clusters_of_w[j] for j in self.conflicts[i]):
+        if self.conflicts[i] and any(cname in self.clusters_of_w[j] for j in self.conflicts[i]):
             return 0
         share = cs.target(i)
         if share:
@@ -221,39 +257,52 @@ class Ledger:
     def _nodes_needed(self, o: int) -> int:
         """New nodes pool o needs for what is placed on it: capacity and GPU sets."""
         need = 0
+        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
         for r in range(3):
-            if self.node[o, r] > 0 and self.h[r] > 0:
-                lack = self.usage[o, r] / self.h[r] - self.free[o, r]
-                need = max(need, math.ceil(lack / self.node[o, r] - _EPS))
+            if node[r] > 0 and h[r] > 0:
+                lack = use[r] / h[r] - free[r]
+                need = max(need, math.ceil(lack / node[r] - _EPS))
         for key in self._set_keys.get(o, ()):
-            free, per_node = self.cs.gpu_sets[key]
-            over = self.set_used[key] - free
+            free_sets, per_node = self.cs.gpu_sets[key]
+            over = self.set_used[key] - free_sets
             if over > 0 and per_node > 0:
                 need = max(need, -(-over // per_node))
         return max(need, 0)
+
+    def _use(self, i: int, o: int, m: int) -> None:
+        """Usage of pool o changes by m replicas of workload i (mirror and array alike)."""
+        use, d = self._use_l[o], self._dem_l[i]
+        for r in range(3):
+            use[r] += m * d[r]
+        self._stale.add(o)
+
+    def _grow(self, o: int, by: int) -> None:
+        """Pool o adds `by` nodes (negative: fewer), against its cluster's quota."""
+        q, node = self._opt_q[o], self._node_l[o]
+        if q[0] is not None:
+            q[0] -= by * node[0]
+        if q[1] is not None:
+            q[1] -= by * node[2]
+        self._sync_quota(self.cluster_of[o])
+        self.new_nodes[o] += by
 
     def add(self, i: int, o: int, m: int) -> None:
         """Place m replicas of workload i on option o (caller checked max_fit)."""
         if m <= 0:
             return
         cs = self.cs
-        self.usage[o] += m * cs.demand[i]
+        self._use(i, o, m)
         self._count_sets(i, o, m)
         grow = max(0, self._nodes_needed(o) - int(self.new_nodes[o]))
         if grow:
-            q = self.quota_left[self.cluster_of[o]]
-            if q[0] is not None:
-                q[0] -= grow * self.node[o, 0]
-            if q[1] is not None:
-                q[1] -= grow * self.node[o, 2]
-            self._sync_quota(self.cluster_of[o])
-            self.new_nodes[o] += grow
+            self._grow(o, grow)
         usd = m * float(cs.usd_per_hour[i, o])
         tenant = cs.workloads[i].tenant
         if tenant in self.tenant_left:
             self.tenant_left[tenant] -= usd
         self.spend_w[i] += usd
         self.x[i][o] = self.x[i].get(o, 0) + m
+        self._placed[i] += m
         if cs.domain[i]:
             dom = cs.domain[i][o]
             self.domains[i][dom] = self.domains[i].get(dom, 0) + m
@@ -264,22 +313,17 @@ class Ledger:
         """Take every replica of workload i back out (e.g. spread min not met)."""
         cs = self.cs
         for o, m in self.x[i].items():
-            self.usage[o] -= m * cs.demand[i]
+            self._use(i, o, -m)
             self._count_sets(i, o, -m)
             shrink = max(0, int(self.new_nodes[o]) - self._nodes_needed(o))
             if shrink:
-                q = self.quota_left[self.cluster_of[o]]
-                if q[0] is not None:
-                    q[0] += shrink * self.node[o, 0]
-                if q[1] is not None:
-                    q[1] += shrink * self.node[o, 2]
-                self._sync_quota(self.cluster_of[o])
-                self.new_nodes[o] -= shrink
+                self._grow(o, -shrink)
             tenant = cs.workloads[i].tenant
             if tenant in self.tenant_left:
                 self.tenant_left[tenant] += m * float(cs.usd_per_hour[i, o])
         self.spend_w[i] = 0.0
         self.x[i] = {}
+        self._placed[i] = 0
         self.domains[i] = {}
         self.clusters_of_w[i] = {}
 
@@ -292,19 +336,28 @@ class Ledger:
             cap_dom = max(1, int(self.cs.replicas[i]) // min(spec.spread.min_domains,
                                                             int(self.cs.replicas[i])))
         placed = 0
-        room = self.capacity_fit(i) if len(order) > 16 else None
-        for o in order:
-            if room is not None and room[int(o)] <= 0:
+        want = self._rep_l[i]
+        if self._placed[i] >= want:
+            return 0
+        opts = order.tolist() if isinstance(order, np.ndarray) else [int(o) for o in order]
+        room: IntArray | None = None
+        for k, o in enumerate(opts):
+            if k == _SCREEN_AFTER:
+                # Still short after the first options (most fills stop there): screen the
+                # rest with the vectorised upper bound, skipping options max_fit would
+                # refuse anyway (it only falls as replicas are added).
+                room = self.capacity_fit(i)
+            if room is not None and room[o] <= 0:
                 continue
-            m = self.max_fit(i, int(o))
+            m = self.max_fit(i, o)
             if per_option_cap is not None:
                 m = min(m, per_option_cap)
             if cap_dom is not None:
-                m = min(m, cap_dom - self.domains[i].get(self.cs.domain[i][int(o)], 0))
+                m = min(m, cap_dom - self.domains[i].get(self.cs.domain[i][o], 0))
             if m > 0:
-                self.add(i, int(o), m)
+                self.add(i, o, m)
                 placed += m
-            if self.placed(i) >= self.cs.replicas[i]:
+            if self._placed[i] >= want:
                 break
         return placed
 
