@@ -107,8 +107,9 @@ class Ledger:
     thousands of times an epoch on 3-vectors, so they read Python-float mirrors of the
     arrays (`_node_l`, `_free_l`, `_use_l`, ...) instead of numpy rows: numpy's per-call
     overhead on a 3-element row was most of their cost. Same IEEE arithmetic in the same
-    order, so the same answers; `usage` (numpy) is kept in step for the vectorised
-    `capacity_fit` and the baselines' scoring.
+    order, so the same answers; `usage` (numpy) is kept in step for the baselines' scoring,
+    and `capacity_fit` divides a cached room table whose rows are recomputed only where a
+    pool or its cluster's quota changed.
     """
 
     def __init__(self, cs: CandidateSet, snapshot: FederationSnapshot) -> None:
@@ -117,7 +118,7 @@ class Ledger:
         # The option table's read-only arrays are shared; only what changes is copied.
         self.node = cs.table.node
         self.free = np.maximum(cs.table.free, 0.0)
-        self.can_add = cs.table.can_add
+        self._can_add = cs.table.can_add
         self._usage = np.zeros((n_o, 3))
         self._stale: set[int] = set()  # options whose _usage row lags _use_l
         self.new_nodes = np.zeros(n_o, dtype=np.int64)
@@ -125,12 +126,9 @@ class Ledger:
         self.cluster_of = [o.cluster.name for o in cs.options]
         self.quota_left: dict[str, list[float | None]] = {
             name: list(left) for name, left in cs.table.quota.items()}
-        names = sorted(self.quota_left)
-        self._cidx = {n: k for k, n in enumerate(names)}
-        self._opt_c = np.array([self._cidx[c] for c in self.cluster_of], dtype=np.int64)
-        # quota_left as arrays (inf = no quota), kept in step by _sync_quota
-        self._q = np.array([[np.inf if v is None else float(v) for v in self.quota_left[n]]
-                            for n in names], dtype=np.float64).reshape(-1, 2)
+        self._cluster_opts: dict[str, list[int]] = {}
+        for o, c in enumerate(self.cluster_of):
+            self._cluster_opts.setdefault(c, []).append(o)
         self.tenant_left: dict[str, float] = tenant_budgets(snapshot)
         self.spend_w = np.zeros(len(cs.workloads))
         self.x: list[dict[int, int]] = [{} for _ in cs.workloads]
@@ -147,6 +145,11 @@ class Ledger:
         self._rep_l: list[int] = cs.replicas.tolist()
         self._placed: list[int] = [0] * len(cs.workloads)
         self._opt_q = [self.quota_left[c] for c in self.cluster_of]  # shared lists, per option
+        # room[o] = h x (free + node_cap(o) x node) - usage: what capacity_fit divides by the
+        # demand; rows recomputed when their pool (or its cluster's quota) changed.
+        self._room = np.zeros((n_o, 3))
+        self._room_stale: set[int] = set()
+        self._room_all_stale = True
         self.cls = [gpu_class(w) for w in cs.workloads]
         self.set_used = dict.fromkeys(cs.gpu_sets, 0)
         self._set_keys: dict[int, list[tuple[int, tuple[int, bool]]]] = {}
@@ -162,10 +165,16 @@ class Ledger:
             self._stale.clear()
         return self._usage
 
-    def _sync_quota(self, cluster: str) -> None:
-        for col in (0, 1):
-            v = self.quota_left[cluster][col]
-            self._q[self._cidx[cluster], col] = np.inf if v is None else float(v)
+    @property
+    def can_add(self) -> IntArray:
+        """O: nodes each pool may add at most (the table's; a caller may swap in a stricter
+        array for a while, as the baselines and rounding.close_nodes do)."""
+        return self._can_add
+
+    @can_add.setter
+    def can_add(self, value: IntArray) -> None:
+        self._can_add = value
+        self._room_all_stale = True
 
     # -- queries ---------------------------------------------------------------
     def placed(self, i: int) -> int:
@@ -173,7 +182,7 @@ class Ledger:
 
     def node_cap(self, o: int) -> int:
         """Most nodes pool `o` may have added, given can_add and the quota left."""
-        n_max = int(self.can_add[o])
+        n_max = int(self._can_add[o])
         new = int(self.new_nodes[o])
         q = self._opt_q[o]
         node = self._node_l[o]
@@ -189,24 +198,31 @@ class Ledger:
         Vectorised over options: a fast upper bound of `max_fit` that lets
         `fill` skip full options without calling max_fit on each.
         """
-        node = self.node
-        n_cap = self.can_add.astype(np.float64)
-        for dim, col in ((0, 0), (2, 1)):
-            left = self._q[self._opt_c, col]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                by_quota = np.where(node[:, dim] > 0,
-                                    self.new_nodes + np.floor(left / node[:, dim] + _EPS),
-                                    np.inf)
-            n_cap = np.minimum(n_cap, by_quota)
-        n_cap = np.maximum(n_cap, self.new_nodes)
-        cap = self.h * (self.free + n_cap[:, None] * node) - self.usage
+        room = self._room_now()
         d = self.cs.demand[i]
         m = np.full(len(self.cs.options), float(self.cs.replicas[i]))
         for r in range(3):
             if d[r] > 0:
-                m = np.minimum(m, np.floor(cap[:, r] / d[r] + _EPS))
+                m = np.minimum(m, np.floor(room[:, r] / d[r] + _EPS))
         out: IntArray = np.maximum(m, 0).astype(np.int64)
         return out
+
+    def _room_now(self) -> FloatArray:
+        """`_room` with its stale rows recomputed (all of them at once after can_add moved)."""
+        if self._room_all_stale:
+            n_cap = np.array([self.node_cap(o) for o in range(len(self.cs.options))],
+                             dtype=np.float64)
+            self._room = self.h * (self.free + n_cap[:, None] * self.node) - self.usage
+            self._room_all_stale = False
+            self._room_stale.clear()
+        elif self._room_stale:
+            h, room = self._h_l, self._room
+            for o in self._room_stale:
+                nc, free, node, use = self.node_cap(o), self._free_l[o], self._node_l[o], \
+                    self._use_l[o]
+                room[o] = [h[r] * (free[r] + nc * node[r]) - use[r] for r in range(3)]
+            self._room_stale.clear()
+        return self._room
 
     def max_fit(self, i: int, o: int) -> int:
         """Most replicas of workload i that can still go to option o."""
@@ -275,6 +291,7 @@ class Ledger:
         for r in range(3):
             use[r] += m * d[r]
         self._stale.add(o)
+        self._room_stale.add(o)
 
     def _grow(self, o: int, by: int) -> None:
         """Pool o adds `by` nodes (negative: fewer), against its cluster's quota."""
@@ -283,8 +300,9 @@ class Ledger:
             q[0] -= by * node[0]
         if q[1] is not None:
             q[1] -= by * node[2]
-        self._sync_quota(self.cluster_of[o])
         self.new_nodes[o] += by
+        if q[0] is not None or q[1] is not None:
+            self._room_stale.update(self._cluster_opts[self.cluster_of[o]])
 
     def add(self, i: int, o: int, m: int) -> None:
         """Place m replicas of workload i on option o (caller checked max_fit)."""
