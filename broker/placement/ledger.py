@@ -192,6 +192,19 @@ class Ledger:
             n_max = min(n_max, new + math.floor(q[1] / node[2] + _EPS))
         return max(n_max, new)
 
+    def last_node_fill(self, o: int) -> float:
+        """How full pool o's last new node is, by its dominant resource (0 with none new):
+        the emptier, the cheaper to close (rounding.close_nodes)."""
+        n = int(self.new_nodes[o])
+        if n <= 0:
+            return 0.0
+        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
+        fill = 0.0
+        for r in range(3):
+            if node[r] > 0 and h[r] > 0:
+                fill = max(fill, (use[r] / h[r] - free[r]) / node[r] - (n - 1))
+        return fill
+
     def capacity_fit(self, i: int) -> IntArray:
         """Replicas of workload i each option could still take by capacity and quota alone.
 

@@ -74,7 +74,11 @@ Solving strategy
 3. Two roundings (rounding.py) through the integer `Ledger` (which recomputes n and
    respects every coupling constraint): the floor of x loaded most valuable
    workload first, then repaired; and an LP-guided greedy. The greedy
-   incumbent is the third candidate; the cheapest wins.
+   incumbent is the third candidate; the cheapest wins. Then local moves on it:
+   ejections for unplaced replicas (`rounding.improve`) and node closing
+   (`rounding.close_nodes`: re-pack the workloads of a pool with new nodes into
+   room already paid or opened, so it opens one node fewer); each kept only if
+   the objective drops.
 4. gap = (best - bound) / |bound|. Only when it exceeds the target, a
    time-boxed MIP (HiGHS branch-and-cut, warm-started from the best
    rounding): the whole program when it is small (its dual bound tightens

@@ -109,6 +109,11 @@ class PlannerConfig:
     pricing_time_frac: float = 0.3
     # Time box of the ejection moves after rounding (fraction of time_limit_s).
     improve_time_frac: float = 0.1
+    # Time box of the node-closing moves after them (rounding.close_nodes; fraction of
+    # time_limit_s), and their cap in tried moves when deterministic. They run on models
+    # above mip_max_columns only: the whole MIP packs the smaller ones.
+    close_time_frac: float = 0.1
+    close_max_tries: int = 600
     # The MIP stage (run only while the gap is above mip_gap): the whole program when it has
     # at most this many columns (HiGHS then closes it within the time box; at 1000x200,
     # ~10,000 columns, it did not close its root node in 5 s and never beat the rounding),
@@ -483,8 +488,9 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     - "rounded": floor of the LP, most valuable workloads first, then repair;
     - "guided": LP-guided greedy (most valuable, least flexible first);
     - "greedy": the greedy incumbent (so the LP is never worse than greedy);
-    then rounding.improve's ejection moves for what is still unplaced
-    ("+moves" in the source when any was kept; they only lower the objective).
+    then rounding.improve's ejection moves for what is still unplaced ("+moves" in the
+    source when any was kept) and rounding.close_nodes' node-closing moves ("+packed");
+    both only lower the objective.
     """
     tries: list[tuple[Ledger, str]] = []
     floor = Ledger(cs, snapshot)
@@ -497,12 +503,22 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     if g is not None:
         tries.append((g, "greedy"))
     best, source = min(tries, key=lambda t: t[0].objective(pen))
+    # Models the whole MIP takes (planner._mip_stage) get their packing from it; the moves
+    # stand in for it where only a neighbourhood MIP runs.
+    pack = model.cost.size > config.mip_max_columns
     if config.deterministic:
         kept = rounding.improve(best, pen, budget_s=math.inf,
                                 max_tries=config.improve_max_tries)
+        closed = rounding.close_nodes(best, pen, budget_s=math.inf,
+                                      max_tries=config.close_max_tries) if pack else 0
     else:
         improve_s = config.improve_time_frac * config.time_limit_s
         kept = rounding.improve(best, pen, budget_s=improve_s) if improve_s > 0 else 0
+        close_s = config.close_time_frac * config.time_limit_s
+        closed = rounding.close_nodes(best, pen, budget_s=close_s) \
+            if pack and close_s > 0 else 0
     if kept > 0:
         source += "+moves"
+    if closed > 0:
+        source += "+packed"
     return best, source, best.objective(pen)

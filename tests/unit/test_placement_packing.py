@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import numpy as np
 import pytest
 
-from broker.domain import Cluster, PolicyAction, Resources, WorkloadKind
+from broker.domain import Cluster, PolicyAction, Resources, Workload, WorkloadKind
+from broker.placement import rounding
 from broker.placement.candidates import BILLING_MIN_S, NODE_BOOT_S, build_candidates
+from broker.placement.ledger import Ledger, penalties
 from broker.placement.planner import PlannerConfig, plan_epoch
 
 from .placement_world import pool, snapshot, workload
@@ -150,3 +154,48 @@ def test_a_job_is_not_split_where_each_further_cluster_needs_its_own_copy_of_the
     [p] = plan.placements
     assert {a.cluster: a.replicas for a in p.assignments} == {"home": 4}
     assert not plan.unplaced
+
+
+def _rounded(pending: tuple[Workload, ...], clusters: tuple[Cluster, ...],
+             on: tuple[str, ...]) -> tuple[Ledger, np.ndarray, dict[str, int]]:
+    """A ledger with workload i placed whole on cluster on[i], as a rounding might."""
+    snap = snapshot(pending, clusters=clusters)
+    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
+    pen = penalties(cs, 1000.0)
+    ledger = Ledger(cs, snap)
+    where = {o.cluster.name: o.index for o in cs.options}
+    for i, name in enumerate(on):
+        ledger.add(i, where[name], int(cs.replicas[i]))
+    return ledger, pen, where
+
+
+def test_node_closing_moves_refill_paid_room_and_open_fewer_nodes() -> None:
+    """Two services on the cheap pool need two new nodes there (6 + 4 CPUs on 8-CPU nodes)
+    while the dear pool's running node is empty: one moves into the paid room."""
+    ledger, pen, where = _rounded((workload("a", cpu=6, mem=6), workload("b", cpu=4, mem=4)),
+                                  two_clouds(dear_nodes=1), ("cheap", "cheap"))
+    assert int(ledger.new_nodes[where["cheap"]]) == 2
+    before = ledger.objective(pen)
+    assert rounding.close_nodes(ledger, pen, budget_s=5.0) >= 1
+    assert int(ledger.new_nodes[where["cheap"]]) == 1
+    assert int(ledger.new_nodes[where["dear"]]) == 0
+    assert sorted(o for xw in ledger.x for o in xw) == sorted(where.values())
+    assert ledger.objective(pen) < before
+
+
+def test_node_closing_moves_stop_on_their_count_and_undo_what_does_not_pay() -> None:
+    """PlannerConfig.deterministic caps them by tries; a move that saves nothing (the only
+    way to close the cheap node is to open a dearer one) is undone exactly."""
+    ledger, pen, where = _rounded((workload("a", cpu=6, mem=6), workload("b", cpu=4, mem=4)),
+                                  two_clouds(dear_nodes=1), ("cheap", "cheap"))
+    saved = [dict(xw) for xw in ledger.x]
+    assert rounding.close_nodes(ledger, pen, budget_s=math.inf, max_tries=0) == 0
+    assert [dict(xw) for xw in ledger.x] == saved
+    ledger, pen, where = _rounded((workload("a", cpu=6, mem=6),), two_clouds(),
+                                  ("cheap",))
+    before = ledger.objective(pen)
+    assert rounding.close_nodes(ledger, pen, budget_s=math.inf, max_tries=5) == 0
+    assert ledger.x[0] == {where["cheap"]: 1}
+    assert int(ledger.new_nodes[where["cheap"]]) == 1
+    assert int(ledger.new_nodes[where["dear"]]) == 0
+    assert ledger.objective(pen) == before
