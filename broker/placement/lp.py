@@ -66,6 +66,9 @@ applied by dropping infeasible pairs.
 
 Solving strategy
 ----------------
+0. On large batches (pricing.seed), the columns C(w) come from the row duals of a sample
+   of the batch (its capacities scaled to its share, priced to convergence): the
+   per_workload options cheapest at those prices, instead of the k cheapest by cost.
 1. LP relaxation with HiGHS (simplex; row duals = shadow prices for explain.py).
 2. Column generation (pricing.py): options pruned away by top-k whose reduced
    cost c - A'y is negative are added and the LP re-solved warm, until none
@@ -108,7 +111,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from broker.placement import lp_rows
-from broker.placement.candidates import CandidateSet, FloatArray, IntArray
+from broker.placement.candidates import BoolArray, CandidateSet, FloatArray, IntArray
 from broker.placement.feasibility import gpu_class
 from broker.placement.ledger import node_costs
 
@@ -407,14 +410,61 @@ def reduced_costs(cs: CandidateSet, model: Model, relax: Relaxation, *,
     `for_bound`, they get a lower estimate instead (minus the largest |dual|
     of their own rows), so the Lagrangian bound built on it stays valid.
     """
-    n_w, n_o = cs.cost.shape
+    n_w = cs.cost.shape[0]
     y = relax.row_dual
+    rc = _dual_adjusted(cs, model, y, demand=True)
+    linked = linked_workloads(cs)
+    if not for_bound:
+        rc[linked] = np.inf
+    elif linked.any():
+        ids = {w.id: i for i, w in enumerate(cs.workloads)}
+        worst = np.zeros(n_w)
+        for r, (family, key) in enumerate(model.row_names):
+            if family in ("spread", "anti-affinity", "budget", "weighted"):
+                for part in key.removeprefix("workload:").split("|"):
+                    i = ids.get(part)
+                    if i is not None:
+                        worst[i] = max(worst[i], abs(float(y[r])))
+        rc -= worst[:, None]
+    rc[~cs.feasible] = np.inf
+    out: FloatArray = rc
+    return out
+
+
+def linked_workloads(cs: CandidateSet) -> BoolArray:
+    """Workloads with rows of their own besides demand (spread, anti-affinity, a budget of
+    their own, weighted shares): a new column of theirs changes those rows too."""
+    return np.array([w.spec.spread is not None or bool(w.spec.avoid_workloads)
+                     or w.spec.budget_usd_per_hour is not None or bool(cs.target(i))
+                     for i, w in enumerate(cs.workloads)], dtype=bool)
+
+
+def option_prices(cs: CandidateSet, model: Model, duals: FloatArray) -> FloatArray:
+    """c - A'y of every (workload, option) pair of `cs` under the capacity, GPU-set and
+    tenant-budget duals of `model`'s rows, without the demand rows' duals (+inf where
+    infeasible).
+
+    A demand dual is one constant per workload, so this ranks each workload's options as
+    its reduced costs do; and `model` may be of another batch over the same options
+    (pricing.seed's sample: its rows are keyed by option, GPU class and tenant, not by
+    workload).
+    """
+    rc = _dual_adjusted(cs, model, duals, demand=False)
+    rc[~cs.feasible] = np.inf
+    return rc
+
+
+def _dual_adjusted(cs: CandidateSet, model: Model, y: FloatArray, *,
+                   demand: bool) -> FloatArray:
+    """cs.cost minus each pair's column times the row duals y of `model`: its demand row
+    (with `demand`), its option's capacity rows, its GPU-set row and its tenant's budget."""
+    n_w, n_o = cs.cost.shape
     cap_dual = np.zeros((n_o, 3))
     for (o, r), row in model.cap_rows.items():
         cap_dual[o, r] = y[row]
     # In place from here on (same arithmetic, same order): at 20000x2000 each W x O
     # temporary is 320 MB.
-    rc = cs.cost - y[:n_w, None]
+    rc = cs.cost - y[:n_w, None] if demand else cs.cost.copy()
     rc -= cs.demand @ cap_dual.T
     if model.set_rows:
         cls_w: dict[tuple[int, bool], list[int]] = {}
@@ -429,22 +479,6 @@ def reduced_costs(cs: CandidateSet, model: Model, relax: Relaxation, *,
         t_dual = np.array([y[model.budget_rows[t]] if t in model.budget_rows else 0.0
                            for t in tenants])
         rc -= t_dual[:, None] * cs.usd_per_hour
-    linked = np.array([w.spec.spread is not None or bool(w.spec.avoid_workloads)
-                       or w.spec.budget_usd_per_hour is not None or bool(cs.target(i))
-                       for i, w in enumerate(cs.workloads)], dtype=bool)
-    if not for_bound:
-        rc[linked] = np.inf
-    elif linked.any():
-        ids = {w.id: i for i, w in enumerate(cs.workloads)}
-        worst = np.zeros(n_w)
-        for r, (family, key) in enumerate(model.row_names):
-            if family in ("spread", "anti-affinity", "budget", "weighted"):
-                for part in key.removeprefix("workload:").split("|"):
-                    i = ids.get(part)
-                    if i is not None:
-                        worst[i] = max(worst[i], abs(float(y[r])))
-        rc -= worst[:, None]
-    rc[~cs.feasible] = np.inf
     out: FloatArray = rc
     return out
 

@@ -107,6 +107,12 @@ class PlannerConfig:
     # or when it would take the solve past this fraction of time_limit_s.
     pricing_min_gain: float = 0.001
     pricing_time_frac: float = 0.3
+    # Column seeding from a sample's capacity prices (pricing.seed), for batches of at least
+    # pricing.SEED_MIN_BATCH x seed_sample workloads: the sample's size, the options each
+    # workload gets from its prices, and the pricing rounds the sample may take (0 = none).
+    seed_sample: int = 250
+    seed_columns: int = 4
+    seed_rounds: int = 30
     # Time box of the ejection moves after rounding (fraction of time_limit_s).
     improve_time_frac: float = 0.1
     # Time box of the node-closing moves after them (rounding.close_nodes; fraction of
@@ -344,9 +350,14 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     """Price, relax, round, repair; MIP only when the gap is above target."""
     t0 = time.perf_counter()
     g = greedy(cs, snapshot) if config.greedy_incumbent else None
+    budgets = tenant_budgets(snapshot)
+    cs = pricing.seed(cs, pen, budgets, sample=config.seed_sample,
+                      per_workload=config.seed_columns, rounds=config.seed_rounds,
+                      min_gain=0.0, budget_s=math.inf if config.deterministic
+                      else config.pricing_time_frac * config.time_limit_s,
+                      lp_time_limit_s=config.lp_time_limit_s)
     if g is not None:
         cs = _with_ledger_columns(cs, g)
-    budgets = tenant_budgets(snapshot)
     model = lp.build(cs, pen, budgets)
     build_s = candidates_s + time.perf_counter() - t0
     if config.solver != "highs":
