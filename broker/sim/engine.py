@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.domain import FederationSnapshot, PolicyAction, UserRegion
+from broker.placement import training
 from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.placement.snapshot import MergeMemo
-from broker.sim import applying, faults, hazard, training
+from broker.sim import applying, faults, hazard
 from broker.sim.heap import run_heap
 from broker.sim.metrics import Metrics
 from broker.sim.network import egress_table, user_rtt_table
@@ -404,7 +405,7 @@ class Engine:
         run_s = ev.duration_s or 0.0
         total_gpus = ev.gpu * ev.replicas
         if ev.kind == "train" and total_gpus >= 2:
-            # Run time depends on placement (sim/training.py): trace time x s_ref / s.
+            # Run time depends on placement (placement/training.py): trace time x s_ref / s.
             s = self._job_speedup(ws)
             run_s *= training.reference_speedup(total_gpus) / max(s, 1e-6)
             if total_gpus == 8 and not ws.ever_started:
@@ -417,7 +418,7 @@ class Engine:
         self.push(self.now + run_s, _FINISH, (ev.id, ws.run_token))
 
     def _job_speedup(self, ws: WorkloadState) -> float:
-        """The job's speedup where its GPUs are now (sim/training.py)."""
+        """The job's speedup where its GPUs are now (placement/training.py)."""
         per_node: dict[int, tuple[Node, SimPool]] = {}
         counts: dict[int, int] = {}
         for g in ws.groups:

@@ -24,7 +24,7 @@ Formulas (also in docs/twin.md):
   are allocated lowest index first); at the end f_g = busy_g / paid_g, weights w_g = paid_g,
   std = sqrt(sum w (f - mean_w f)^2 / sum w). An idle, paid GPU counts 0 for as long as it is
   paid, so packing work onto fewer GPUs and releasing the rest never scores worse.
-- speedup_8gpu: mean sim/training.py speedup of the 8-GPU jobs as they ran (where their GPUs
+- speedup_8gpu: mean placement/training.py speedup of the 8-GPU jobs as they ran (where their GPUs
   were: one node's topology, or several nodes over RDMA/TCP, zones, clusters).
 - slo_violation_frac = integral(violating replica-s) / integral(target replica-s) over every
   service from its submission until it ends: target = the replicas it asks for now (desired);

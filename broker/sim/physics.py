@@ -1,8 +1,8 @@
 """The twin's physical models: transfer times, multi-GPU speedup, service traffic. Pure.
 
 Queueing (`queue_wait_ms`) and the placement-dependent training speedup (`job_speedup`) live
-in `broker/placement/queueing.py` (below both shells) and `broker/sim/training.py`; this
-module keeps the constants the engine uses directly.
+in `broker/placement/queueing.py` and `broker/placement/training.py` (below both shells: the
+planner prices with them too); this module keeps the constants the engine uses directly.
 
 Every constant has its source here and in docs/twin.md. Why one module: these are the
 assumptions a reader must be able to check (and change) in one place; the engine only
@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable
 
 from broker.domain import Interconnect
+from broker.placement.training import GRADIENT_GB, OVERLAP, STEP_COMPUTE_S
 
 # Cluster Autoscaler's default scan interval (--scan-interval=10s, kubernetes/autoscaler FAQ):
 # the reactive `traditional` autoscaler notices unschedulable pods this late.
@@ -39,14 +40,9 @@ SERVICE_PEER_GB_PER_REPLICA_HOUR = 0.5
 # (desired replicas): an assumption of the same kind, 1 GB per replica-hour.
 SERVICE_USER_GB_PER_REPLICA_HOUR = 1.0
 
-# Data-parallel training step model (ring all-reduce, Patarasuk & Yuan 2009; NCCL docs):
-#   t_comm = 2 (k-1)/k * GRADIENT_GB / bus_GBps ;  speedup = k * t_c / (t_c + (1-OVERLAP) t_comm)
-# GRADIENT_GB: fp16 gradients of a ~1.3B-parameter model (2.6 GB); STEP_COMPUTE_S: per-GPU
-# compute time of one step (0.5 s); OVERLAP: fraction of communication hidden behind backward
-# compute (PyTorch DDP bucketing typically hides roughly half).
-GRADIENT_GB = 2.6
-STEP_COMPUTE_S = 0.5
-OVERLAP = 0.5
+# The class-level speedup below (`speedup`: ring all-reduce at a bus bandwidth per
+# interconnect class) uses placement/training.py's step constants (GRADIENT_GB,
+# STEP_COMPUTE_S, OVERLAP); the twin's run times use training.job_speedup.
 # Effective all-reduce bus bandwidth per GPU (GB/s): NVSwitch A100 (NVIDIA: 600 GB/s
 # bidirectional per GPU; nccl-tests busbw ~230 GB/s), hybrid cube-mesh V100 NVLink pairs
 # (nccl-tests ~130 GB/s on DGX-1), PCIe Gen3/4 x16 through the host (~10 GB/s busbw), and

@@ -1,7 +1,7 @@
 """Physics that respond to placement (issue 11, item 3): each test fails on the pre-change twin.
 
 Tiny hand-built twins (tests/unit/test_twin_engine.py's helpers, noise off) and the pure
-models (sim/training.py, placement/queueing.py).
+models (placement/training.py, placement/queueing.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_split_pcie_job_has_lower_speedup_and_runs_longer_than_on_nvswitch() -> 
 
 
 def test_rdma_beats_tcp_and_one_zone_beats_two() -> None:
-    from broker.sim import training
+    from broker.placement import training
 
     def share(itype: str, zone: int) -> training.GpuShare:
         return training.GpuShare(4, itype, "A100", Interconnect.NVLINK_FULL, "c", zone, 8)

@@ -1,5 +1,9 @@
 """How fast a data-parallel training job runs where it was placed. Pure.
 
+One model for both shells: the twin's run times (sim/engine.py) come from it, and the
+planner, which may not import broker.sim, prices what the twin bills with it; so it lives
+here (as placement/queueing.py does for service latency).
+
 Why: a job's run time must depend on its placement, or the twin cannot tell a policy that
 packs an 8-GPU job onto one NVSwitch node from one that splits it over two PCIe nodes over
 TCP. The model is one ring all-reduce per step (Patarasuk & Yuan 2009; NCCL's ring):
@@ -8,7 +12,7 @@ TCP. The model is one ring all-reduce per step (Patarasuk & Yuan 2009; NCCL's ri
     T_k  = T_c + max(0, T_ar - phi x T_c)            (phi of compute hides communication)
     speedup = k x T_c / T_k                          (data parallel, fixed per-GPU batch)
 
-with S = physics.GRADIENT_GB, T_c = physics.STEP_COMPUTE_S, phi = physics.OVERLAP, and the
+with S = `GRADIENT_GB`, T_c = `STEP_COMPUTE_S`, phi = `OVERLAP`, and the
 ring's bottleneck B (GB/s per direction) and hop latency a taken from where the GPUs are:
 
 - all GPUs on one node: the best ring through the node's GPUs in its reference topology
@@ -39,8 +43,14 @@ from dataclasses import dataclass
 
 from broker.domain import Interconnect
 from broker.placement import topology
-from broker.sim import physics
 
+# Data-parallel training step (module docstring): GRADIENT_GB, fp16 gradients of a
+# ~1.3B-parameter model (2.6 GB); STEP_COMPUTE_S, per-GPU compute time of one step (0.5 s);
+# OVERLAP, the fraction of the step's compute that hides communication (PyTorch DDP
+# bucketing typically hides roughly half). Assumptions, stated in docs/twin.md.
+GRADIENT_GB = 2.6
+STEP_COMPUTE_S = 0.5
+OVERLAP = 0.5
 # GPUDirect RDMA line rate per node, Gbit/s (vendors' instance pages): p4d.24xlarge 4 x 100
 # Gbps EFA; p5.48xlarge 32 x 100 Gbps EFA; Azure ND A100 v4 8 x 200 Gbps HDR InfiniBand.
 RDMA_GBPS = {"p4d.": 400.0, "p4de.": 400.0, "p5.": 3200.0, "standard_nd96asr_v4": 1600.0,
@@ -92,9 +102,9 @@ def _inside(gpus: int, instance_type: str, gpu_model: str | None, interconnect: 
 
 
 def _step_speedup(k: int, ring_gbytes: float, hop_s: float) -> float:
-    t_ar = topology.allreduce_s(k, physics.GRADIENT_GB, ring_gbytes) + 2.0 * (k - 1) * hop_s
-    t_c = physics.STEP_COMPUTE_S
-    return k * t_c / (t_c + max(0.0, t_ar - physics.OVERLAP * t_c))
+    t_ar = topology.allreduce_s(k, GRADIENT_GB, ring_gbytes) + 2.0 * (k - 1) * hop_s
+    t_c = STEP_COMPUTE_S
+    return k * t_c / (t_c + max(0.0, t_ar - OVERLAP * t_c))
 
 
 def job_speedup(shares: Sequence[GpuShare], *, tcp_gbps: float,
