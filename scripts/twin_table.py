@@ -1,11 +1,13 @@
 """Print docs/twin.md's results table: `skyfed bench twin --json` over scenarios, as Markdown.
 
-    .venv/bin/python scripts/twin_table.py --seeds 3 [--policies lp,greedy] \
-        config/scenarios/retail-peak config/scenarios/gpu-training config/scenarios/edge-heavy
+    .venv/bin/python scripts/twin_table.py --seeds 5 [--policies lp,greedy] \
+        config/scenarios/retail-peak config/scenarios/gpu-training config/scenarios/edge-heavy \
+        config/scenarios/federation-day:2
 
 Each scenario is one `skyfed bench twin --scenario S/scenario.toml --seeds N --json` run (all
 policies, same seeds, paired); every cell is the mean over seeds with its Student-t 95 %
-interval `[low, high]` when N > 1. The numbers are the command's, not this script's.
+interval `[low, high]` when N > 1. `PATH:N` gives that scenario its own seed count (the
+day-long one costs minutes of CPU per run). The numbers are the command's, not this script's.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ def bench(scenario: Path, seeds: int, skyfed: str,
     return doc
 
 
+def _seeds_of(arg: str, default: int) -> tuple[Path, int]:
+    """`PATH` or `PATH:N` -> (path, seeds)."""
+    path, sep, n = arg.rpartition(":")
+    if sep and n.isdigit() and int(n) > 0:
+        return Path(path), int(n)
+    return Path(arg), default
+
+
 def table(docs: list[dict[str, object]]) -> str:
     head = "| scenario | policy | " + " | ".join(METRICS) + " |"
     lines = [head, "|" + "---|" * (len(METRICS) + 2)]
@@ -58,13 +68,14 @@ def table(docs: list[dict[str, object]]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("scenarios", nargs="+", type=Path)
+    ap.add_argument("scenarios", nargs="+", help="scenario folders or files, PATH[:SEEDS]")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--policies", help="comma-separated policies (default: all the twin knows)")
     ap.add_argument("--skyfed", default=str(Path(sys.executable).with_name("skyfed")))
     ap.add_argument("--save", type=Path, help="also write the bench JSON documents here")
     args = ap.parse_args()
-    docs = [bench(s, args.seeds, args.skyfed, args.policies) for s in args.scenarios]
+    docs = [bench(path, seeds, args.skyfed, args.policies)
+            for path, seeds in (_seeds_of(s, args.seeds) for s in args.scenarios)]
     if args.save:
         args.save.write_text(json.dumps(docs, indent=1))
     print(table(docs))
@@ -81,7 +92,8 @@ def main() -> int:
                 text = "; ".join(f"{k} vs {', '.join(v)}" for k, v in sorted(rivals.items()))
                 print(f"- {d['scenario']}: {name} better (paired 95 %): {text}")
     mape = ", ".join(f"{d['scenario']} {d.get('duration_prediction_mape')}" for d in docs)
-    print(f"\nseeds: {docs[0].get('seeds')}; duration_prediction_mape: {mape}")
+    seeds = ", ".join(f"{d['scenario']} {d.get('seeds')}" for d in docs)
+    print(f"\nseeds: {seeds}; duration_prediction_mape: {mape}")
     return 0
 
 
