@@ -47,7 +47,13 @@ from broker.domain import (
 )
 from broker.placement import lp, pricing
 from broker.placement.ledger import penalties, tenant_budgets
-from broker.placement.planner import EpochPlan, PlannerConfig, candidates, plan_epoch
+from broker.placement.planner import (
+    EpochPlan,
+    PlannerConfig,
+    candidates,
+    plan_epoch,
+    solved_batch,
+)
 from broker.placement.snapshot import Member, MergeInputs, merge
 from providers.base import Offer
 from providers.catalog import Catalog
@@ -188,7 +194,9 @@ def reference_bound(snap: FederationSnapshot, action: PolicyAction, config: Plan
     column that prices out at the LP optimum is in it), the bound issue 12 asks for; with
     mip_s = 0 it is the LP bound alone.
     """
-    cs = candidates(snap, action, config)  # the model plan_epoch solves, packing included
+    # The model plan_epoch solves: its batch (SLO sizing included), packing, reservations.
+    snap, queued, _ = solved_batch(snap, config, policy="lp")
+    cs = candidates(snap, action, config, queued=queued)
     pen = penalties(cs, config.unplaced_penalty_usd)
     budgets = tenant_budgets(snap)
     model = lp.build(cs, pen, budgets)

@@ -65,6 +65,7 @@ __all__ = [
     "candidates",
     "plan_candidates",
     "plan_epoch",
+    "solved_batch",
 ]
 
 POLICIES = ("lp", "greedy", "traditional", "karpenter")
@@ -227,17 +228,8 @@ def plan_epoch(
     if policy not in POLICIES:
         raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     t0 = time.perf_counter()
-    cfg = config.decisions
-    batch = tuple(w for w in snapshot.pending
-                  if decisions.due(w, snapshot.now_s, cfg, snapshot.capacity_changed_s))
-    # Pending work backing off this epoch: whole nodes are reserved for its large jobs.
-    due_ids = {w.id for w in batch}
-    queued = tuple(w for w in snapshot.pending if w.id not in due_ids)
-    extra: dict[str, int] = {}
-    if policy in SLO_QUEUEING_POLICIES:
-        batch, extra = size_for_slo(snapshot, batch)
-    if policy in SLO_QUEUEING_POLICIES or len(batch) != len(snapshot.pending):
-        snapshot = dataclasses.replace(snapshot, pending=batch)
+    snapshot, queued, extra = solved_batch(snapshot, config, policy=policy)
+    batch = snapshot.pending
     if batch:
         cs = candidates(snapshot, action, config, queued=queued)
         plan = plan_candidates(cs, snapshot, config, policy=policy,
@@ -248,6 +240,29 @@ def plan_epoch(
     if extra:
         plan = dataclasses.replace(plan, slo_extra_replicas=extra)
     return with_decisions(plan, snapshot, action, config, policy=policy)
+
+
+def solved_batch(snapshot: FederationSnapshot, config: PlannerConfig, *, policy: str
+                 ) -> tuple[FederationSnapshot, tuple[Workload, ...], dict[str, int]]:
+    """The snapshot with the batch plan_epoch solves as `pending`, the pending work backing
+    off this epoch (`queued`: whole nodes are reserved for its large jobs), and the
+    replicas SLO sizing added per workload.
+
+    Only the workloads due (decisions.due) are solved; for SLO_QUEUEING_POLICIES the
+    latency-SLO services are sized for their SLO under queueing (feasibility.size_for_slo:
+    more replicas, and the wait in the latency mask). Anything that solves "the model
+    plan_epoch solves" (the placement bench's reference bound) starts from here.
+    """
+    batch = tuple(w for w in snapshot.pending if decisions.due(
+        w, snapshot.now_s, config.decisions, snapshot.capacity_changed_s))
+    due_ids = {w.id for w in batch}
+    queued = tuple(w for w in snapshot.pending if w.id not in due_ids)
+    extra: dict[str, int] = {}
+    if policy in SLO_QUEUEING_POLICIES:
+        batch, extra = size_for_slo(snapshot, batch)
+    if policy in SLO_QUEUEING_POLICIES or len(batch) != len(snapshot.pending):
+        snapshot = dataclasses.replace(snapshot, pending=batch)
+    return snapshot, queued, extra
 
 
 def candidates(snapshot: FederationSnapshot, action: PolicyAction,

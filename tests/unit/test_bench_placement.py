@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.bench.placement import generate, run_size
-from broker.placement.planner import PlannerConfig
+from broker.placement.planner import PlannerConfig, plan_epoch
 from providers.catalog import Catalog
 
 
@@ -52,3 +52,23 @@ def test_more_options_than_regions_hold_get_more_clusters_per_region(catalog: Ca
     assert sum(len(c.pools) for c in snap.clusters) == 1500
     assert len(set(names)) == len(names)
     assert len({c.region_key for c in snap.clusters}) < len(names)
+
+
+def test_the_reference_solves_the_batch_plan_epoch_solves() -> None:
+    """A 10 ms SLO service beside its users' edge site (RTT 8.48 ms, the floor) runs as 3
+    replicas under queueing (feasibility.size_for_slo): the reference's LP prices those 3,
+    as plan_epoch's does, not the 1 asked (it did, and bounded a smaller program)."""
+    from broker.bench.placement import reference_bound
+    from broker.domain import PolicyAction
+
+    from .placement_world import snapshot, workload
+
+    svc = workload("svc", user_region="nyc", latency_slo_ms=10.0)
+    snap = snapshot((svc,))
+    config = PlannerConfig(deterministic=True)
+    plan = plan_epoch(snap, PolicyAction(), config)
+    assert plan.slo_extra_replicas == {"svc": 2}
+    ref = reference_bound(snap, PolicyAction(), config, mip_s=0.0)
+    assert ref.pricing_converged
+    assert plan.stats.lp_bound is not None
+    assert ref.lp_bound_full == pytest.approx(plan.stats.lp_bound, rel=1e-9)
