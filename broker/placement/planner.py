@@ -349,16 +349,6 @@ def _gap(objective: float, bound: float) -> float:
     return max(0.0, objective - bound) / max(abs(bound), 1e-9)
 
 
-def _with_ledger_columns(cs: CandidateSet, g: Ledger) -> CandidateSet:
-    """Add the options a ledger used to each workload's candidates (cheapest first)."""
-    cand = []
-    for w, idx in enumerate(cs.cand):
-        extra = np.array(sorted(g.x[w]), dtype=np.int64)
-        merged = np.union1d(idx, extra) if extra.size else idx
-        cand.append(merged[np.argsort(cs.cost[w, merged], kind="stable")].astype(np.int64))
-    return dataclasses.replace(cs, cand=tuple(cand))
-
-
 def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,
               pen: np.ndarray, candidates_s: float
               ) -> tuple[Ledger, SolveStats, lp.Relaxation | None, lp.Model]:
@@ -372,7 +362,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
                       else config.pricing_time_frac * config.time_limit_s,
                       lp_time_limit_s=config.lp_time_limit_s)
     if g is not None:
-        cs = _with_ledger_columns(cs, g)
+        cs = pricing.with_ledger_columns(cs, g)
     model = lp.build(cs, pen, budgets)
     build_s = candidates_s + time.perf_counter() - t0
     if config.solver != "highs":
@@ -456,7 +446,7 @@ def _mip_stage(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, 
     if whole and left_s <= 0.05:
         return None
     if _uncovered(best, cs):
-        cs = _with_ledger_columns(cs, best)
+        cs = pricing.with_ledger_columns(cs, best)
         model = lp.build(cs, pen, budgets)
         moved = Ledger(cs, snapshot)
         for w, xw in enumerate(best.x):

@@ -29,6 +29,7 @@ import numpy.typing as npt
 from broker.placement import lp
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray
 from broker.placement.feasibility import gpu_class
+from broker.placement.ledger import Ledger
 
 Int32Array = npt.NDArray[np.int32]  # what highspy's addCols takes for starts and indices
 
@@ -265,5 +266,15 @@ def seed(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], *, sample
         picked = top[w][np.isfinite(prices[w, top[w]])]
         merged = np.union1d(own, picked).astype(np.int64) if linked[w] else \
             np.unique(picked).astype(np.int64)
+        cand.append(merged[np.argsort(cs.cost[w, merged], kind="stable")].astype(np.int64))
+    return dataclasses.replace(cs, cand=tuple(cand))
+
+
+def with_ledger_columns(cs: CandidateSet, g: Ledger) -> CandidateSet:
+    """Add the options a ledger used to each workload's candidates (cheapest first)."""
+    cand = []
+    for w, idx in enumerate(cs.cand):
+        extra = np.array(sorted(g.x[w]), dtype=np.int64)
+        merged = np.union1d(idx, extra) if extra.size else idx
         cand.append(merged[np.argsort(cs.cost[w, merged], kind="stable")].astype(np.int64))
     return dataclasses.replace(cs, cand=tuple(cand))

@@ -54,6 +54,19 @@ def test_more_options_than_regions_hold_get_more_clusters_per_region(catalog: Ca
     assert len({c.region_key for c in snap.clusters}) < len(names)
 
 
+def test_reference_pricing_cut_short_gives_the_lagrangian_bound(catalog: Catalog) -> None:
+    """--proven-pricing-s bounds the reference's pricing (20000x2000 needs it): cut at once,
+    the bound is the Lagrangian one of the first restricted LP, never above the LP's."""
+    full = run_size(catalog, "60x20", repeats=1, seed=2, config=PlannerConfig(),
+                    proven_max_workloads=10)
+    cut = run_size(catalog, "60x20", repeats=1, seed=2, config=PlannerConfig(),
+                   proven_max_workloads=10, proven_pricing_s=0.0)
+    assert full["pricing_converged_for_reference"]
+    assert not cut["pricing_converged_for_reference"]
+    assert cut["proven_bound"] <= full["proven_bound"] + 1e-6
+    assert cut["objective"] >= cut["proven_bound"] - 0.01
+
+
 def test_the_reference_solves_the_batch_plan_epoch_solves() -> None:
     """A 10 ms SLO service beside its users' edge site (RTT 8.48 ms, the floor) runs as 3
     replicas under queueing (feasibility.size_for_slo): the reference's LP prices those 3,
