@@ -444,6 +444,14 @@ class Placement:
         return sum(a.replicas for a in self.assignments)
 
 
+def replicas_short(workload: Workload, placement: Placement | None) -> int:
+    """Replicas `workload` asks for that `placement` does not hold: what of a partly placed
+    workload stays pending (the twin's `WorkloadState.pending`). 0 when it holds them all,
+    or more (replicas the planner added for a latency SLO count as placed)."""
+    held = placement.placed_replicas if placement is not None else 0
+    return max(0, workload.spec.replicas - held)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyAction:
     """What the RL policy may steer; the LP keeps every hard constraint.

@@ -329,6 +329,7 @@ async def register_cluster(rt: RuntimeDep, principal: Auth, body: ClusterIn) -> 
                                             shared=shared, lent_to=body.lend_to)
         await uow.clusters.set_attrs(body.name, {"price_sources": sources})
         rec = await uow.clusters.get(body.name)
+    rt.wake_placement()  # pending work may fit now (it waits with backoff until then)
     return JsonResponse(cluster_view(rec), status_code=201 if created else 200)
 
 
@@ -410,6 +411,7 @@ async def register_site(rt: RuntimeDep, principal: Auth, body: SiteIn) -> Respon
         created = await uow.sites.upsert(body.to_domain(), tenant=principal.tenant,
                                          attrs=body.attrs, shared=shared, lent_to=body.lend_to)
         rec = await uow.sites.get(body.name)
+    rt.wake_placement()  # pending work may fit now (it waits with backoff until then)
     return JsonResponse(site_view(rec), status_code=201 if created else 200)
 
 

@@ -13,8 +13,9 @@ Rows (kind, key, spec), one per thing acted on:
   is open or done is not written again (the planner may repeat it every epoch, and for
   every workload that needs the same image on the same pool).
 - migration: `workload:<id>`; not written while one for the workload is open.
-- retries: not rows: `Retry.not_before_s` and `attempts` are stored on the workload, and
-  `list_pending` leaves it out until then.
+- retries: not rows: `Retry.attempts`, `not_before_s` and `reason` are stored on the
+  workload (a pending one's message says why it waits), and `list_pending` orders it after
+  the due ones until then.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ async def record_decisions(uow: UnitOfWork, plan: EpochPlan, snapshot: Federatio
     counts["prewarm"] = counts.get("prewarm", 0) + await _prewarms(uow, plan, owners, tenants)
     counts["migration"] = await _migrations(uow, plan, tenants)
     await uow.workloads.set_retries([(r.workload_id, r.attempts, snapshot.now_s,
-                                      r.not_before_s) for r in plan.retries])
+                                      r.not_before_s, r.reason) for r in plan.retries])
     counts["retry"] = len(plan.retries)
     return {k: n for k, n in counts.items() if n}
 

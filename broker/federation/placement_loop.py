@@ -17,10 +17,26 @@ the observation it saw (policy_runtime.py) for `explain --policy`. A crash befor
 that commit loses nothing (the workloads are still pending and the next tick
 solves them again); after it, the dispatcher owns them.
 
-Workloads no option can ever take (`infeasible`/`no options`) become
-`unplaceable` with the reason; workloads left out for capacity, quota or
-budget stay pending and are retried next tick (or at the plan's
-`Retry.not_before_s`, stored on the workload).
+Nothing the plan leaves unplaced is given up: a workload no option takes now (capacity,
+quota, budget, but also `no options` when no cluster is registered yet and `infeasible`
+when its only clusters are unhealthy or too small) stays pending with the planner's reason
+and is tried again under the plan's backoff (`Retry`: attempts, `not_before_s` and the
+reason are stored on the workload), or sooner once capacity grew (`capacity_changed_s`,
+below), as in the twin. A cluster registered later or recovered is exactly that.
+
+A placement that got only some of a workload's replicas is written as it is (the workload
+is placed, the dispatcher applies what it holds) and the rest stays pending: every epoch
+the snapshot asks for the replicas the active placement lacks (snapshot.py
+`with_top_ups`), and when the plan places some of them the active placement grows
+(`grown`: the same assignments plus the new replicas, one new placement row that retires
+the old one, the workload's status kept). The dispatcher applies the grown placement like
+any other: the drivers apply the new replica counts idempotently, so the replicas already
+running stay. That is the twin's `pending` replicas of a partly placed workload.
+
+When capacity grew (`capacity_room`/`capacity_grew` of snapshot.py: a cluster or edge site
+registered or healthy again, a pool allowed more nodes, work released, a quota raised) is
+what the loop saw between two epochs, kept in memory: after a restart the first epoch counts
+as a change, so backing-off workloads are retried within `retry_min_s` (60 s) of it.
 
 The same unit of work writes the plan's other decisions (scale, scale-in,
 prewarm, migrations, retries: decision_log.py); after the commit the loop calls
@@ -45,7 +61,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from broker.clock import Clock
-from broker.domain import Cluster, FederationSnapshot, Placement, PolicyAction, WorkloadStatus
+from broker.domain import (
+    Assignment,
+    Cluster,
+    FederationSnapshot,
+    Placement,
+    PolicyAction,
+    Workload,
+)
 from broker.federation.decision_log import count_metrics, record_decisions
 from broker.federation.drain import with_drains
 from broker.federation.looping import PollingLoop
@@ -59,8 +82,15 @@ from broker.federation.policy_runtime import (
 from broker.federation.preempt import preemptions
 from broker.federation.preempt import record as record_preemptions
 from broker.federation.quarantine import Quarantine
-from broker.federation.snapshot import RunningCache, SnapshotReader
-from broker.placement.planner import DecisionConfig, EpochPlan, PlannerConfig, plan_epoch
+from broker.federation.snapshot import (
+    Room,
+    RunningCache,
+    SnapshotReader,
+    capacity_grew,
+    capacity_room,
+    decision_config,
+)
+from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.preemption import Preemption
 from broker.settings import PlacementSettings, SnapshotSettings
 from broker.store import ClusterRecord, Store
@@ -75,15 +105,37 @@ ActionFn = Callable[[FederationSnapshot], PolicyAction]
 # The pools of these registrations that can scale (scaling.py), once the cluster drivers have
 # caught up with them.
 ScalableFn = Callable[[Sequence[ClusterRecord]], Awaitable[set[tuple[str, str]]]]
-_FOREVER_REASONS = ("infeasible", "no options")
 
 
 @dataclass(frozen=True, slots=True)
 class LoopView:
-    """What the loop read besides the snapshot: who owns each cluster and workload."""
+    """What the loop read besides the snapshot: who owns each cluster and workload, and the
+    active placement (id, value) of each partly placed workload the batch tops up."""
 
     owners: Mapping[str, str] = field(default_factory=dict)  # cluster -> tenant
     tenants: Mapping[str, str] = field(default_factory=dict)  # workload id -> tenant
+    bases: Mapping[str, tuple[str, Placement]] = field(default_factory=dict)
+
+
+def grown(base: Placement, added: Placement, base_id: str) -> Placement:
+    """`base`, the active placement `base_id` of a partly placed workload, with the
+    replicas `added` placed now: one assignment per (cluster, pool, pricing) in `base`'s
+    order (the new ones last), so each driver gets the new total of its cluster and the
+    replicas already running stay. The decision record is `added`'s, saying what it grew."""
+    merged: dict[tuple[str, str, str], Assignment] = {}
+    for a in (*base.assignments, *added.assignments):
+        key = (a.cluster, a.pool, str(a.pricing))
+        old = merged.get(key)
+        merged[key] = a if old is None else replace(
+            old, replicas=old.replicas + a.replicas, new_nodes=old.new_nodes + a.new_nodes,
+            price_usd_per_hour=old.price_usd_per_hour + a.price_usd_per_hour)
+    rtts = [r for r in (base.rtt_ms, added.rtt_ms) if r is not None]
+    return Placement(base.workload_id, tuple(merged.values()),
+                     base.cost_usd_per_hour + added.cost_usd_per_hour,
+                     max(rtts) if rtts else None,
+                     {**added.decision, "grows": {"placement": base_id,
+                                                  "replicas_before": base.placed_replicas,
+                                                  "replicas_added": added.placed_replicas}})
 
 
 def clamp_unscalable(clusters: Sequence[Cluster],
@@ -103,8 +155,7 @@ def planner_config(settings: PlacementSettings) -> PlannerConfig:
                          mip_gap=settings.mip_gap, time_limit_s=settings.time_limit_s,
                          unplaced_penalty_usd=settings.unplaced_penalty_usd,
                          site_cost_fraction=settings.site_cost_fraction,
-                         # Backoff starts at one epoch, as in the twin (decisions.py).
-                         decisions=DecisionConfig(retry_base_s=settings.epoch_s))
+                         decisions=decision_config(settings))
 
 
 def fixed_action(settings: PlacementSettings) -> ActionFn:
@@ -168,6 +219,8 @@ class PlacementLoop(PollingLoop):
         self._scalable = scalable
         self._view = LoopView()
         self._cache = RunningCache()
+        self._room: Room | None = None  # capacity as the last epoch saw it
+        self._capacity_changed_s: float | None = None
         # Called after every commit of an epoch (wakes the actuator and the dispatcher).
         self.on_commit: list[Callable[[], None]] = []
         self.last_plan: EpochPlan | None = None
@@ -181,8 +234,9 @@ class PlacementLoop(PollingLoop):
         return plan
 
     async def snapshot(self) -> FederationSnapshot | None:
-        """Every sensor, merged (federation/snapshot.py), with the nodes on order and the
-        pools that cannot scale clamped; None when nothing is pending and nothing runs."""
+        """Every sensor, merged (federation/snapshot.py), with the nodes on order, the
+        pools that cannot scale clamped and when capacity last grew; None when nothing is
+        pending and nothing runs."""
         async with self._store.unit() as uow:
             PENDING.set(await uow.workloads.count_pending())
         got = await self.reader.epoch(self._store, batch_max=self._settings.batch_max,
@@ -190,13 +244,21 @@ class PlacementLoop(PollingLoop):
         if got is None:
             return None
         snap, r = got
+        running = {p.workload_id: p for p in r.running}
         self._view = LoopView(owners={c.cluster.name: c.tenant for c in r.clusters},
                               tenants={w.id: w.tenant for w in (*r.pending,
-                                                                *r.workloads.values())})
-        if self._scalable is None:
-            return snap
-        scalable = await self._scalable(r.clusters)
-        return replace(snap, clusters=clamp_unscalable(snap.clusters, scalable))
+                                                                *r.workloads.values())},
+                              bases={w.id: (r.placement_ids[w.id], running[w.id])
+                                     for w in r.pending
+                                     if w.id in running and w.id in r.placement_ids})
+        if self._scalable is not None:
+            scalable = await self._scalable(r.clusters)
+            snap = replace(snap, clusters=clamp_unscalable(snap.clusters, scalable))
+        room = capacity_room(snap)
+        if capacity_grew(self._room, room):
+            self._capacity_changed_s = snap.now_s
+        self._room = room
+        return replace(snap, capacity_changed_s=self._capacity_changed_s)
 
     async def tick(self) -> EpochPlan | None:
         """One epoch: snapshot, solve off the loop, write everything in one transaction."""
@@ -231,38 +293,65 @@ class PlacementLoop(PollingLoop):
         return plan
 
     async def _write(self, plan: EpochPlan, snap: FederationSnapshot) -> dict[str, int]:
-        """Placements, unplaceable marks and every other decision: one unit of work.
+        """Placements (new, or grown for a partly placed workload), every other decision
+        and the retry state of what stayed unplaced: one unit of work.
 
         The first placement that carries the policy's observation stores it; the others
         point at that placement (`share_observation`), so it is stored once per epoch.
+        A workload placed in full forgets its backoff (as the twin's `tries = 0`).
         """
-        placed = {p.workload_id for p in plan.placements}
+        asked = {w.id: w for w in snap.pending}
+        bases = self._view.bases
         holder: str | None = None  # the placement storing this epoch's policy observation
         tau = self.reader.settings.demand_tau_s
+        done: list[str] = []  # placed in full after attempts that were not
         async with self._store.unit() as uow:
             rest: list[tuple[Placement, str]] = []
+            extends: dict[str, tuple[str, Placement]] = {}
             for p in plan.placements:
-                reason = plan.unplaced.get(p.workload_id, "")
-                message = f"{p.placed_replicas} replicas placed; rest: {reason}" if reason else ""
+                wid = p.workload_id
+                base = bases.get(wid)
+                if base is not None and not p.assignments:
+                    continue  # nothing added: the active placement stays as it is
+                message = _partial_message(p, base[1] if base else None, asked.get(wid),
+                                           plan.unplaced.get(wid, ""))
+                if wid in asked and asked[wid].attempts > 0 and wid not in plan.unplaced:
+                    done.append(wid)
+                if base is not None:
+                    extends[wid] = (base[0], p)
+                    p = grown(base[1], p, base[0])
                 pa = p.decision.get("policy_action")
                 if isinstance(pa, Mapping) and "observation" in pa:
                     if holder is None:
-                        holder = await uow.placements.record(p, message=message,
-                                                             demand_tau_s=tau)
+                        ids = await uow.placements.record_many(
+                            [(p, message)], demand_tau_s=tau,
+                            extends={wid: extends[wid]} if wid in extends else None)
+                        holder = ids.get(wid)
                         continue
                     p = replace(p, decision={**p.decision,
                                              "policy_action": share_observation(pa, holder)})
                 rest.append((p, message))
-            await uow.placements.record_many(rest, demand_tau_s=tau)
-            for wid, reason in plan.unplaced.items():
-                if wid not in placed and reason.startswith(_FOREVER_REASONS):
-                    await uow.workloads.set_status(wid, WorkloadStatus.UNPLACEABLE,
-                                                   message=reason)
+            await uow.placements.record_many(rest, demand_tau_s=tau, extends=extends)
             counts = await record_decisions(uow, plan, snap, owners=self._view.owners,
                                             tenants=self._view.tenants)
+            await uow.workloads.set_retries([(wid, 0, None, None, None) for wid in done])
             counts["preemption"] = await record_preemptions(
                 uow, self._evictions, {wid: w.tenant for wid, w in snap.workloads.items()})
             return counts
+
+
+def _partial_message(p: Placement, base: Placement | None, asked: Workload | None,
+                     reason: str) -> str:
+    """A partly placed workload's message: `3 of 5 replicas placed; 2 pending: <reason>`
+    ("" when the plan placed every replica it asks for, or nothing is known of the ask)."""
+    if not reason or asked is None:
+        return ""
+    before = base.placed_replicas if base is not None else 0
+    want = before + asked.spec.replicas
+    have = before + p.placed_replicas
+    if have >= want:
+        return ""
+    return f"{have} of {want} replicas placed; {want - have} pending: {reason}"
 
 
 def make_placement_loop(rt: Runtime) -> PlacementLoop:

@@ -89,7 +89,8 @@ class Runtime:
         return self.store if self.fenced_store is None else self.fenced_store
 
     def wake_placement(self) -> None:
-        """A workload was submitted: wake the placement loop, here or in the leader."""
+        """A workload was submitted or a member registered: wake the placement loop,
+        here or in the leader."""
         if self.placement_loop is not None:
             self.placement_loop.wake()
         if self.waker is not None and not (self.leader is not None and self.leader.leading):

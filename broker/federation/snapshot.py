@@ -16,7 +16,10 @@ the time it was read (the merge turns those into `Provenance` ages):
   the edge hub); an RTT to a `host:port` probe counts for the user region that lists that
   probe (`[[placement.user_regions]] probes`);
 - the pending batch, the active placements with their workloads (commitments, replica
-  counts) and each pool's demand EWMA (`uow.demand`, kept as placements are recorded).
+  counts) and each pool's demand EWMA (`uow.demand`, kept as placements are recorded);
+- the replicas a partly placed workload still lacks (`with_top_ups`): the workload, placed
+  or running, asks the batch for them under its own id, with its retry state (the twin's
+  `pending_workload`), while its active placement stays in `running`.
 
 Network maps (catalog RTTs, egress, the cluster graph) come from the offline catalog through
 placement/network.py; the cluster graph is cached per set of clusters.
@@ -39,10 +42,12 @@ from broker.domain import (
     UserRegion,
     Workload,
     WorkloadStatus,
+    replicas_short,
 )
 from broker.federation.decision_log import ordered_nodes
 from broker.federation.quarantine import Quarantine
 from broker.placement.commitments import committed_usage
+from broker.placement.decisions import DecisionConfig, due
 from broker.placement.network import NetworkCatalog, batch_maps, cluster_pairs
 from broker.placement.observed import Inventory, decayed, pool_of
 from broker.placement.snapshot import (
@@ -67,6 +72,11 @@ from broker.store import ClusterRecord, InventoryRecord, SiteRecord, Store, Unit
 log = logging.getLogger(__name__)
 
 Pair = tuple[str, str]
+
+
+def decision_config(placement: PlacementSettings) -> DecisionConfig:
+    """The planner's decision rules live: backoff starts at one epoch, as in the twin."""
+    return DecisionConfig(retry_base_s=placement.epoch_s)
 
 
 def merge_settings(s: SnapshotSettings) -> MergeSettings:
@@ -94,6 +104,8 @@ class Readings:
     tenants: tuple[Any, ...] = ()
     ordered: Mapping[Pair, int] | None = None  # nodes on order (open scale decisions)
     displaced: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # failover homes
+    # workload id -> the id of its active placement (of `running`)
+    placement_ids: Mapping[str, str] = field(default_factory=dict)
 
 
 def _member(rec: ClusterRecord) -> Member:
@@ -174,12 +186,15 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
     quotas = await _quotas(uow, clusters)
     placed: list[Placement] = []
     workloads: dict[str, Workload] = {}
+    pids: dict[str, str] = {}
     if running and cache is not None:
         placed, workloads = await cache.read(uow)
+        pids = dict(cache.placement_ids)
     elif running:
-        placed = [r.placement for r in await uow.placements.list_active(decisions=False)]
-        ids = {p.workload_id for p in placed}
-        workloads = await uow.workloads.get_many(sorted(ids)) if ids else {}
+        records = await uow.placements.list_active(decisions=False)
+        placed = [r.placement for r in records]
+        pids = {r.placement.workload_id: r.id for r in records}
+        workloads = await uow.workloads.get_many(sorted(pids)) if pids else {}
     ordered = ordered_nodes(await uow.decisions.list_open(kinds=("scale", "prewarm"))) \
         if orders else None
     displaced = await uow.workloads.displaced(sorted(workloads)) if workloads else {}
@@ -188,7 +203,72 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                     running=tuple(placed), workloads=workloads,
                     demand=await uow.demand.list() if running else {},
                     tenants=tuple(await uow.tenants.list()), ordered=ordered,
-                    displaced=displaced)
+                    displaced=displaced, placement_ids=pids)
+
+
+async def with_top_ups(uow: UnitOfWork, r: Readings, *, batch_max: int,
+                       cfg: DecisionConfig) -> Readings:
+    """`r` with the replicas partly placed workloads lack added to the batch.
+
+    Each such workload (placed or running, its active placement holding fewer replicas than
+    it asks: `replicas_short`) is re-read for its current retry state and asks for the
+    missing replicas under its own id, as the twin's `pending_workload` does. The batch is
+    ordered as `list_pending` orders it (due first, by `decisions.due` without the capacity
+    signal, which is `not_before_s` passed; then priority, then oldest) and cut to
+    `batch_max`. The planner decides again whether each is due.
+    """
+    short = {p.workload_id: n for p in r.running
+             if (w := r.workloads.get(p.workload_id)) is not None
+             and w.status in (WorkloadStatus.PLACED, WorkloadStatus.RUNNING)
+             and (n := replicas_short(w, p)) > 0}
+    if not short:
+        return r
+    fresh = await uow.workloads.get_many(sorted(short))
+    asks = [replace(w, spec=replace(w.spec, replicas=short[wid]))
+            for wid, w in fresh.items()
+            if w.status in (WorkloadStatus.PLACED, WorkloadStatus.RUNNING)]
+    batch = sorted((*r.pending, *asks), key=lambda w: (
+        not due(w, r.now_s, cfg), -w.spec.priority, w.submitted_s, w.id))[:batch_max]
+    return replace(r, pending=tuple(batch))
+
+
+# (cluster, pool) -> what it could still take: vCPU, GiB, GPUs; (cluster, "") -> its quota
+Room = dict[Pair, tuple[float, float, float]]
+_NO_QUOTA = float("inf")
+
+
+def capacity_room(snapshot: FederationSnapshot) -> Room:
+    """What each pool of a healthy member could still take at its largest (`max_nodes` of
+    its node minus what is used), and each member's vCPU/GPU quota: the live loop's reading
+    of "capacity grew" (`capacity_grew`), the twin's being its own events (node joins,
+    releases, faults ending)."""
+    out: Room = {}
+    for c in snapshot.clusters:
+        if not c.healthy:
+            continue
+        for p in c.pools:
+            n = max(p.max_nodes, p.nodes)
+            out[(c.name, p.name)] = (p.node.cpu * n - p.used.cpu,
+                                     p.node.memory_gib * n - p.used.memory_gib,
+                                     float(p.node.gpu * n - p.used.gpu))
+        if c.quota_vcpu is not None or c.quota_gpu is not None:
+            out[(c.name, "")] = (_NO_QUOTA if c.quota_vcpu is None else c.quota_vcpu, 0.0,
+                                 _NO_QUOTA if c.quota_gpu is None else c.quota_gpu)
+    return out
+
+
+def capacity_grew(before: Room | None, after: Room) -> bool:
+    """Whether `after` offers anything `before` did not: a member (or pool) that is new or
+    healthy again, or more room or quota in any unit. `before` None (the loop's first
+    epoch, after a start or restart): any capacity counts as new."""
+    if before is None:
+        return bool(after)
+    for key, room in after.items():
+        old = before.get(key)
+        if old is None or any(a > b + 1e-6 * max(1.0, abs(b))
+                              for a, b in zip(room, old, strict=True)):
+            return True
+    return False
 
 
 def _idle_nodes(inventory: Mapping[str, InventoryRecord]) -> bool:
@@ -209,6 +289,7 @@ class RunningCache:
     def __init__(self) -> None:
         self._placements: dict[str, Placement] = {}
         self._workloads: dict[str, Workload] = {}
+        self.placement_ids: dict[str, str] = {}  # workload id -> active placement id
 
     async def read(self, uow: UnitOfWork) -> tuple[list[Placement], dict[str, Workload]]:
         ids = await uow.placements.active_ids()
@@ -223,6 +304,7 @@ class RunningCache:
             self._workloads.update(await uow.workloads.get_many(new_w))
         self._placements = {pid: self._placements[pid] for pid, _, _ in ids
                             if pid in self._placements}
+        self.placement_ids = {wid: pid for pid, wid, _ in ids if pid in self._placements}
         workloads: dict[str, Workload] = {}
         for _, wid, status in ids:
             w = self._workloads.get(wid)
@@ -361,6 +443,8 @@ class SnapshotReader:
                                                  or _idle_nodes(await uow.inventory.list()))):
                 return None
             r = await read(uow, pending=pending, cache=cache, orders=True)
+            r = await with_top_ups(uow, r, batch_max=batch_max,
+                                   cfg=decision_config(self.placement))
         snap, bad = merge_screened(self.inputs(r), self.merge_settings)
         if quarantine is not None and quarantine.changed(bad):
             async with store.unit() as uow:

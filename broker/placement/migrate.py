@@ -36,9 +36,11 @@ room for all r replicas in its free capacity under the policy's headroom after t
 placements and earlier moves (or nodes the pool can still add: `Assignment.new_nodes`; never
 for "better": a node bought to save part of a node's price is not a saving); the cheapest
 such option by c(o) + m(o). Workloads with a spread constraint or a weighted split (one
-target option would undo their per-cluster shares), in the pending batch, or without a spec
-are left alone. Vectorised per rule: one candidate build for all workloads any rule
-selected, no per-(workload, option) loops.
+target option would undo their per-cluster shares), in the pending batch, partly placed
+(their placement holds fewer replicas than their spec asks: the rest is pending, as the
+twin's `movable` requires none pending), or without a spec are left alone. Vectorised per
+rule: one candidate build for all workloads any rule selected, no per-(workload, option)
+loops.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
     for p in snapshot.running:
         w = snapshot.workloads.get(p.workload_id)
         if w is None or w.id in pending or w.spec.spread is not None \
-                or w.spec.replica_weights or not p.assignments:
+                or w.spec.replica_weights or not p.assignments \
+                or p.placed_replicas < w.spec.replicas:
             continue
         may_move.append((p, w))
     if not may_move:  # e.g. only the batch's partly placed workloads: skip the node scan

@@ -13,7 +13,7 @@ Usage (one unit of work = one AsyncSession = one transaction; only it commits):
         pending = await uow.workloads.list_pending(limit=500)
         clusters = await uow.clusters.list()   # list of broker.domain.Cluster with pools
         pid = await uow.placements.record(placement)         # + workload -> placed
-        await uow.workloads.set_status(wid, WorkloadStatus.UNPLACEABLE, message="...")
+        await uow.workloads.set_status(wid, WorkloadStatus.CANCELLED, message="...")
     # commit happens here; an exception rolls the whole unit back
 
 Keep units short and free of other I/O (no driver or cloud calls inside one):
@@ -33,7 +33,8 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                   list(tenant=, status=None, limit=50, cursor=None) -> Page[WorkloadRecord]
                   list_pending(limit=500) -> list[Workload]   # all tenants: due ones first
                                                   # (not_before_s passed), priority desc, oldest
-                  set_retry(id, attempts=, last_attempt_s=, not_before_s=)   # planner.Retry
+                  set_retry(id, attempts=, last_attempt_s=, not_before_s=, reason=None)
+                                                  # planner.Retry; set_retries for many
                   list_by_status([statuses], limit=1000) -> list[WorkloadRecord]
                   set_status(id, status, message="", event_data=None)   # + event workload.<status>
                   cancel(id, tenant=) -> WorkloadRecord                  # idempotent, + event
@@ -45,9 +46,14 @@ the broker's loops and admin; a row of another tenant raises NotFoundError):
                         # retires the previous active placement, sets workload status, + event;
                         # None (nothing written) if the workload was cancelled/finished meanwhile;
                         # with demand_tau_s, counts its requests into each pool's demand EWMA
+                  record_many([(placement, message)], status=PLACED, demand_tau_s=None,
+                              extends=None) -> {workload_id: placement_id}
+                        # record for a batch; extends={wid: (pid, added)}: grows active pid
+                        # (only if still active), status kept, event workload.grown
                   get(id, tenant=None) -> PlacementRecord
                   get_active_for_workload(workload_id) -> PlacementRecord | None
-                  list_undispatched(limit=500) -> list[PlacementRecord]  # no decision records
+                  list_undispatched(limit=500) -> list[PlacementRecord]  # no decision records;
+                                                  # of placed or running workloads
                   mark_dispatched(id)                  # idempotent, + event placement.dispatched
                   record_dispatch_failure(id, error) -> attempts
                   list_active_on_cluster(cluster) -> list[PlacementRecord]  # placed/running

@@ -249,6 +249,9 @@ class WorkloadRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_attempt_s: Mapped[float | None] = mapped_column(Float)
     not_before_s: Mapped[float | None] = mapped_column(Float)
+    # Why the last attempt left it (partly) unplaced (planner.Retry.reason; NULL: none), so a
+    # workload's conditions name it whatever else later wrote `message`.
+    retry_reason: Mapped[str | None] = mapped_column(Text)
     # Clusters a failover moved it off (the reconciler): a "recovered" migration may take
     # it back there once they are healthy; cleared when it moved back.
     displaced_from: Mapped[list[Any] | None] = mapped_column()

@@ -147,7 +147,9 @@ class PlacementRepo:
 
     async def record_many(self, items: Sequence[tuple[Placement, str]], *,
                           status: WorkloadStatus = WorkloadStatus.PLACED,
-                          demand_tau_s: float | None = None) -> dict[str, str]:
+                          demand_tau_s: float | None = None,
+                          extends: Mapping[str, tuple[str, Placement]] | None = None
+                          ) -> dict[str, str]:
         """`record` for a whole epoch in a few statements; workload id -> placement id.
 
         The same contract per item (placement, message): workloads cancelled or finished
@@ -156,18 +158,30 @@ class PlacementRepo:
         EWMA (one update per pool). One lock query, one retire, one insert, one status
         update and one event insert (each batched), instead of five round trips per
         placement.
+
+        `extends`: workload id -> (placement id, added) where the item's placement is that
+        active placement grown by `added`'s replicas (the placement loop's top-up of a
+        partly placed workload). Written only while that placement is still the workload's
+        and the workload placed or running (a requeue, cancel, move or change in between
+        wins: the next epoch plans again); the workload keeps its status, its event is
+        `workload.grown`, and only `added` counts into the demand EWMA.
         """
-        live: dict[str, str] = {}  # workload id -> tenant
+        grows = extends or {}
+        live: dict[str, tuple[str, str]] = {}  # workload id -> (tenant, status written)
         requests: dict[str, tuple[float, float]] = {}  # workload id -> (cpu, gpu) per replica
         ids = [p.workload_id for p, _ in items]
         for i in range(0, len(ids), _CHUNK):
-            q = (select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant, WorkloadRow.spec)
+            q = (select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant,
+                        WorkloadRow.spec, WorkloadRow.placement_id)
                  .where(WorkloadRow.id.in_(ids[i:i + _CHUNK])).with_for_update())
-            for wid, st, tenant, spec in (await self._s.execute(q)).all():
-                if WorkloadStatus(st) not in _FINAL:
-                    live[wid] = tenant
-                    res = (spec or {}).get("resources") or {}
-                    requests[wid] = (float(res.get("cpu", 0.0)), float(res.get("gpu", 0)))
+            for wid, st, tenant, spec, pid in (await self._s.execute(q)).all():
+                if WorkloadStatus(st) in _FINAL:
+                    continue
+                if wid in grows and (st not in LIVE or pid != grows[wid][0]):
+                    continue
+                live[wid] = (tenant, st if wid in grows else str(status))
+                res = (spec or {}).get("resources") or {}
+                requests[wid] = (float(res.get("cpu", 0.0)), float(res.get("gpu", 0)))
         todo = [(p, m) for p, m in items if p.workload_id in live]
         if not todo:
             return {}
@@ -179,25 +193,31 @@ class PlacementRepo:
         out: dict[str, str] = {}
         rows, marks, events = [], [], []
         for p, message in todo:
-            pid = out[p.workload_id] = new_placement_id()
+            wid = p.workload_id
+            tenant, st = live[wid]
+            pid = out[wid] = new_placement_id()
             clusters = sorted({a.cluster for a in p.assignments})
-            rows.append({"id": pid, "workload_id": p.workload_id, "tenant": live[p.workload_id],
+            rows.append({"id": pid, "workload_id": wid, "tenant": tenant,
                          "assignments": assignments_to_json(p.assignments),
                          "clusters_csv": "," + ",".join(clusters) + ("," if clusters else ""),
                          "cost_usd_per_hour": p.cost_usd_per_hour, "rtt_ms": p.rtt_ms,
                          "decision": dict(p.decision), "active": True, "dispatched": False,
                          "dispatch_attempts": 0, "last_error": "", "created_s": self._now,
                          "updated_s": self._now, "leader_epoch": self._epoch})
-            marks.append({"wid": p.workload_id, "st": str(status), "pid": pid, "msg": message,
-                          "now": self._now})
-            events.append((f"workload.{status}", p.workload_id,
-                           {"placement": pid, "clusters": clusters,
-                            "cost_usd_per_hour": p.cost_usd_per_hour}, live[p.workload_id]))
+            marks.append({"wid": wid, "st": st, "pid": pid, "msg": message, "now": self._now})
+            data: dict[str, Any] = {"placement": pid, "clusters": clusters,
+                                    "cost_usd_per_hour": p.cost_usd_per_hour}
+            if wid in grows:
+                data |= {"previous": grows[wid][0], "replicas": p.placed_replicas,
+                         "added": grows[wid][1].placed_replicas}
+            events.append(("workload.grown" if wid in grows else f"workload.{st}", wid, data,
+                           tenant))
         await self._s.execute(_INSERT, rows)
         await self._s.execute(_SET_PLACED, marks)
         await self._events.append_many(events)
         if demand_tau_s is not None:
-            await self._add_demand(todo, requests, demand_tau_s)
+            await self._add_demand([(grows[p.workload_id][1] if p.workload_id in grows else p, m)
+                                    for p, m in todo], requests, demand_tau_s)
         return out
 
     async def _add_demand(self, todo: Sequence[tuple[Placement, str]],
@@ -229,10 +249,12 @@ class PlacementRepo:
         return None if row is None else _record(row)
 
     async def list_undispatched(self, *, limit: int = 500) -> list[PlacementRecord]:
-        """Active placements not yet applied, of workloads still `placed`; oldest first."""
+        """Active placements not yet applied, of workloads placed or running (a running
+        one's placement changed in place: grown by the placement loop, scaled down or rolled
+        out by the API); oldest first."""
         q = (select(PlacementRow).join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
              .where(PlacementRow.active.is_(True), PlacementRow.dispatched.is_(False),
-                    WorkloadRow.status == str(WorkloadStatus.PLACED))
+                    WorkloadRow.status.in_(LIVE))
              .order_by(PlacementRow.created_s, PlacementRow.id).limit(limit))
         return await self._plain(q)  # the dispatcher needs no decision records
 

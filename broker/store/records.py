@@ -52,6 +52,27 @@ class WorkloadRecord:
     idempotency_key: str | None = None
     # Fields repaired on read (stored by an older version outside today's limits).
     sanitized: tuple[str, ...] = ()
+    # The planner's retry state besides `workload.attempts` and `last_attempt_s`: when it is
+    # tried again and why the last attempt left it (partly) unplaced (planner.Retry).
+    not_before_s: float | None = None
+    retry_reason: str | None = None
+
+    @property
+    def retry_message(self) -> str:
+        """Why it waits and when it is tried again ("" when it does not wait)."""
+        w = self.workload
+        if not self.retry_reason or w.attempts <= 0:
+            return ""
+        return retry_message(self.retry_reason, w.attempts, w.last_attempt_s, self.not_before_s)
+
+
+def retry_message(reason: str, attempts: int, last_attempt_s: float | None,
+                  not_before_s: float | None) -> str:
+    """`<reason> (attempt N; next try in S s)`: the planner's reason and its backoff, measured
+    from that attempt (it may come sooner once capacity grows: placement/decisions.py)."""
+    if last_attempt_s is None or not_before_s is None:
+        return f"{reason} (attempt {attempts})"
+    return f"{reason} (attempt {attempts}; next try in {not_before_s - last_attempt_s:.0f} s)"
 
 
 @dataclass(frozen=True, slots=True)

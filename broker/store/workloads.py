@@ -25,7 +25,7 @@ from broker.store.engine import json_dumps as _dumps
 from broker.store.events import EventRepo
 from broker.store.mapping import read_workload, spec_to_json, workload_from_row
 from broker.store.models import PlacementRow, WorkloadRow
-from broker.store.records import Page, WorkloadRecord
+from broker.store.records import Page, WorkloadRecord, retry_message
 
 TERMINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED,
                       WorkloadStatus.CANCELLED})
@@ -59,9 +59,13 @@ RETURNING subject
 
 
 _W = cast(Table, WorkloadRow.__table__)
+# The planner's retry state; a pending workload's message says why it waits (a placed or
+# running one keeps the placement's message: its conditions name the reason, conditions.py).
 _SET_RETRY = (update(_W).where(_W.c.id == bindparam("wid"))
               .values(attempts=bindparam("n"), last_attempt_s=bindparam("last"),
-                      not_before_s=bindparam("nb")))
+                      not_before_s=bindparam("nb"), retry_reason=bindparam("why"),
+                      message=case((_W.c.status == str(WorkloadStatus.PENDING),
+                                    bindparam("msg")), else_=_W.c.message)))
 _SET_STATUS = (update(_W).where(_W.c.id == bindparam("wid"))
                .values(status=bindparam("st"), message=bindparam("msg"),
                        updated_s=bindparam("now")))
@@ -97,7 +101,8 @@ def _record(row: WorkloadRow) -> WorkloadRecord:
     workload, repaired = read_workload(row)
     return WorkloadRecord(workload=workload, placement_id=row.placement_id,
                           message=row.message, updated_s=row.updated_s,
-                          idempotency_key=row.idempotency_key, sanitized=tuple(repaired))
+                          idempotency_key=row.idempotency_key, sanitized=tuple(repaired),
+                          not_before_s=row.not_before_s, retry_reason=row.retry_reason)
 
 
 class WorkloadRepo:
@@ -244,6 +249,7 @@ class WorkloadRepo:
         if requeue:
             await self.requeue(workload_id, reason=message)
             row.attempts, row.last_attempt_s, row.not_before_s = 0, None, None
+            row.retry_reason = None
         return _record(row)
 
     async def list(self, *, tenant: str | None, status: WorkloadStatus | None = None,
@@ -313,18 +319,22 @@ class WorkloadRepo:
         value = (await self._s.execute(q)).scalar()
         return None if value is None else float(value)
 
-    async def set_retry(self, workload_id: str, *, attempts: int, last_attempt_s: float,
-                        not_before_s: float | None) -> None:
-        """Persist the planner's backoff for a workload it left (partly) unplaced."""
-        await self.set_retries([(workload_id, attempts, last_attempt_s, not_before_s)])
+    async def set_retry(self, workload_id: str, *, attempts: int,
+                        last_attempt_s: float | None, not_before_s: float | None,
+                        reason: str | None = None) -> None:
+        """Persist the planner's backoff for a workload it left (partly) unplaced, and why;
+        `attempts=0` with None times and reason: it does not wait (placed in full)."""
+        await self.set_retries([(workload_id, attempts, last_attempt_s, not_before_s, reason)])
 
-    async def set_retries(self, retries: Sequence[tuple[str, int, float, float | None]]
-                          ) -> None:
-        """`set_retry` for many (workload id, attempts, last attempt, not before): one
-        batched update."""
+    async def set_retries(self, retries: Sequence[
+            tuple[str, int, float | None, float | None, str | None]]) -> None:
+        """`set_retry` for many (workload id, attempts, last attempt, not before, reason): one
+        batched update. A pending workload's `message` becomes `retry_message` of it."""
         if retries:
             await self._s.execute(_SET_RETRY, [
-                {"wid": w, "n": n, "last": last, "nb": nb} for w, n, last, nb in retries])
+                {"wid": w, "n": n, "last": last, "nb": nb, "why": why,
+                 "msg": retry_message(why, n, last, nb) if why else ""}
+                for w, n, last, nb, why in retries])
 
     async def get_many(self, ids: Sequence[str]) -> dict[str, Workload]:
         """Workloads by id across tenants (the placement loop's commitments); unknown ids absent."""

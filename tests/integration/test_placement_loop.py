@@ -229,3 +229,25 @@ async def test_loops_poll_the_injected_clock_and_placement_wakes_at_once(store: 
         stop.set()
     async with store.unit() as uow:
         assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.PLACED
+
+
+async def test_a_running_workload_scaled_down_in_place_is_applied(store: Store) -> None:
+    """The dispatcher applied undispatched placements of `placed` workloads only, so a
+    scale-down in place (api/lifecycle.py) of a running workload was recorded and never
+    applied: the cluster kept every replica."""
+    from broker.api import lifecycle
+
+    clock = ManualClock(1000.0)
+    [wid] = await _seed(store, ["web"])
+    await PlacementLoop(store, clock, PlacementSettings(), catalog=None).tick()
+    drivers = {"cheap": _driver("cheap", clock), "dear": _driver("dear", clock)}
+    assert await Dispatcher(store, drivers, clock).dispatch_once() == 1
+    await Reconciler(store, drivers, clock).reconcile_once()
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.RUNNING
+        _, _, change = await lifecycle.upsert(uow, tenant="acme", ref=wid,
+                                              spec=_spec("web", replicas=1))
+    assert change == "scale-down"
+    assert await Dispatcher(store, drivers, clock).dispatch_once() == 1
+    [status] = await drivers["cheap"].list_status()
+    assert status.desired_replicas == 1
