@@ -124,8 +124,8 @@ def replace_node(eng: Engine, r: NodeReplace) -> None:
     old.cordoned = True
     p.changed()
     eng.metrics.pools_changed()
+    # The drain puts replicas back to pending then, which wakes the loop (Engine.queued).
     eng.push(new.ready_at, REPLACED, Replacing(c.name, p.name, old, q.name, new))
-    eng.wake_for_drain(new.ready_at)
     eng.bump()
 
 

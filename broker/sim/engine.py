@@ -145,8 +145,9 @@ class Engine:
         self._arrival_i = 0
         self.capacity_changed_s: float | None = None  # release, nodes, faults (planner input)
         self._due_at: list[float] = []  # heap of Retry.not_before_s: wake the loop then
-        # Heap of times a drain will leave work pending (a replacement node comes up).
-        self._drain_at: list[float] = []
+        # Set when replicas become pending (`queued`): the loop wakes at the next epoch.
+        self._woken = False
+        self._last_epoch = -math.inf
         self._user_regions = tuple(UserRegion(u.name, u.lat, u.lon) for u in scenario.user_regions)
         self.rtt = user_rtt_table(scenario)
         # USD/GB of data moves as the twin charges them, for the planner's snapshot.
@@ -178,10 +179,12 @@ class Engine:
         """Run an epoch at `t` (a Retry's not_before_s), as the live loop wakes for it."""
         heapq.heappush(self._due_at, t)
 
-    def wake_for_drain(self, t: float) -> None:
-        """Run an epoch just after `t`, when a drain (NodeReplace) puts replicas back to
-        pending: the loop, idle now, would otherwise sleep until the next housekeeping."""
-        heapq.heappush(self._drain_at, t)
+    def queued(self, ws: WorkloadState) -> None:
+        """`ws` has replicas pending now (submitted, scaled up, evicted): the placement loop
+        runs at the next epoch, as live (`PlacementLoop.wake`), whatever woke it: the time
+        the loop chose to sleep until was read before the events that happen meanwhile."""
+        self.pending[ws.ev.id] = None
+        self._woken = True
 
     def capacity_grew(self) -> None:
         """Capacity may have grown (release, nodes, faults): backing-off work may be due."""
@@ -210,17 +213,19 @@ class Engine:
                 if t_arr <= t_heap:
                     self._arrive(events[self._arrival_i])
                     self._arrival_i += 1
-                    window = self.config.batch_window_s
-                    if window is not None:  # a submission wakes the loop (PlacementLoop.wake)
-                        t_epoch = min(t_epoch, self.now + window)
                 else:
                     _, _, kind, payload = heapq.heappop(self._heap)
                     self._dispatch(kind, payload)
+                if self._woken:  # work queued meanwhile: the loop wakes (`queued`)
+                    self._woken = False
+                    t_epoch = min(t_epoch, self._wake_time(epoch))
                 continue
             if t_epoch > horizon:
                 break
             self._advance(t_epoch)
             self._epoch()
+            self._last_epoch = t_epoch
+            self._woken = False  # what this epoch queued, `_next_epoch_time` sees
             if self.progress is not None:
                 self.progress(t_epoch)
             t_epoch = self._next_epoch_time(t_epoch, t_next, epoch)
@@ -235,13 +240,18 @@ class Engine:
         while self._due_at and (self._due_at[0] <= t_epoch + 1e-9 or not self.pending):
             heapq.heappop(self._due_at)  # passed (its epoch ran), or nothing waits any more
         due = self._due_at[0] if self._due_at else math.inf
-        while self._drain_at and self._drain_at[0] <= t_epoch + 1e-9:
-            heapq.heappop(self._drain_at)
-        drain = self._drain_at[0] if self._drain_at else math.inf
-        wake = min(t_next, self._last_housekeeping + self.config.housekeeping_s, due, drain)
+        wake = min(t_next, self._last_housekeeping + self.config.housekeeping_s, due)
         if wake <= nxt:
             return nxt
         return math.ceil(wake / epoch - 1e-9) * epoch
+
+    def _wake_time(self, epoch: float) -> float:
+        """When the loop, woken now, runs: after the batching window (as live), else at the
+        next epoch of the grid, never again at the time of the epoch that last ran."""
+        window = self.config.batch_window_s
+        if window is not None:
+            return self.now + window
+        return max(math.ceil(self.now / epoch - 1e-9) * epoch, self._last_epoch + epoch)
 
     def _advance(self, t: float) -> None:
         if t > self.now:
@@ -282,7 +292,7 @@ class Engine:
             ws.scale_requests.append((self.now, ev.replicas))
         self.workloads[ev.id] = ws
         self.unfinished[ev.id] = ws
-        self.pending[ev.id] = None
+        self.queued(ws)
         self.metrics.service_changed(ws)  # asked-for replicas count from now (metrics.py)
         self._version += 1
 
@@ -297,7 +307,7 @@ class Engine:
             ws.pending += delta
             ws.scale_requests.append((self.now, replicas))
             ws.tries = 0
-            self.pending[wid] = None
+            self.queued(ws)
             self.metrics.service_changed(ws)
             self._version += 1
             return
@@ -497,7 +507,7 @@ class Engine:
             self.release(ws, g, n, which)
             ws.pending += n
         if ws.pending:
-            self.pending[ws.ev.id] = None
+            self.queued(ws)
             ws.tries = 0
         self.metrics.service_changed(ws)
         self._version += 1

@@ -19,7 +19,8 @@ from broker.sim.state import Node, SimCluster, SimPool
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
 
-FAULT_END = 4  # the engine's event kind (engine._FAULT_END)
+FAULT_START = 3  # the engine's event kinds (engine._FAULT_START, engine._FAULT_END)
+FAULT_END = 4
 
 
 def fault(eng: Engine, f: FaultSpec, *, start: bool) -> None:

@@ -242,3 +242,34 @@ def test_the_planner_prices_data_moves_as_the_twin_charges_them() -> None:
     edge = [o for o, opt in enumerate(cs.options) if opt.cluster.name == "e1"]
     assert edge
     assert cs.egress[0, edge[0]] == pytest.approx(10 * 0.02 / 2)
+
+
+def test_work_queued_by_an_event_an_epoch_scheduled_wakes_the_loop_at_the_next_epoch() -> None:
+    """The loop chooses how long to sleep from the events it knows when an epoch ends; an
+    event a decision pushed during that epoch (here: a spot reclaim at 100 s, pushed by the
+    first epoch) that puts work back to pending must still get the next epoch (120 s), as
+    the live loop's wake-up would, not the next housekeeping tick (300 s)."""
+    from broker.domain import FederationSnapshot
+    from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
+    from broker.sim import faults
+    from broker.sim.scenario import FaultSpec
+
+    scn = scenario(doc(nodes=1, max_nodes=2, spot=True), "a,0,batch,1,2,1,0,7200,,,0,,0\n")
+    asked: list[float] = []
+    holder: list[Engine] = []
+
+    def planner(snap: FederationSnapshot, action: PolicyAction, cfg: PlannerConfig,
+                policy: str) -> EpochPlan:
+        if any(w.id == "a" for w in snap.pending):
+            asked.append(snap.now_s)
+        if snap.now_s == 0.0:
+            holder[0].push(100.0, faults.FAULT_START,
+                           FaultSpec(at_s=100.0, target="c1", kind="spot_reclaim"))
+        return plan_epoch(snap, action, cfg, policy=policy)
+
+    eng = Engine(scn, FakeCatalog(), SimConfig(check_invariants=True, noise=TwinNoise.off()),
+                 planner=planner)
+    holder.append(eng)
+    eng.run()
+    assert eng.metrics.faults_applied == 1
+    assert asked == [0.0, 120.0]
