@@ -42,12 +42,12 @@ def _r(v: float) -> float:
 
 def breakdown(cs: CandidateSet, w: int, o: int, replicas: int) -> dict[str, float]:
     # Python floats, not numpy scalars: this runs for every assignment of every epoch,
-    # and numpy scalar arithmetic is ~10x slower (same IEEE results).
+    # and numpy scalar arithmetic is ~10x slower (same IEEE results; round() is _r's).
     compute, egress = float(cs.compute[w, o]), float(cs.egress[w, o])
     latency, bias = float(cs.latency[w, o]), float(cs.bias[w, o])
-    return {"compute": _r(compute * replicas), "egress": _r(egress * replicas),
-            "latency": _r(latency * replicas), "bias": _r(bias * replicas),
-            "total": _r((compute + egress + latency + bias) * replicas)}
+    return {"compute": round(compute * replicas, 6), "egress": round(egress * replicas, 6),
+            "latency": round(latency * replicas, 6), "bias": round(bias * replicas, 6),
+            "total": round((compute + egress + latency + bias) * replicas, 6)}
 
 
 def why_not(ledger: Ledger, w: int, o: int) -> str:
@@ -73,11 +73,9 @@ def why_not(ledger: Ledger, w: int, o: int) -> str:
     if usdh > 0 and spec.budget_usd_per_hour is not None and \
             spec.budget_usd_per_hour - ledger.spend_w[w] < usdh:
         return "budget"
-    full = ledger.h * (ledger.free[o] + ledger.can_add[o] * ledger.node[o]) - ledger.usage[o]
-    if not np.all(full >= cs.demand[w] - 1e-9):
+    if not ledger.one_fits(w, o, int(ledger.can_add[o])):
         return "capacity"
-    room = ledger.h * (ledger.free[o] + ledger.node_cap(o) * ledger.node[o]) - ledger.usage[o]
-    if not np.all(room >= cs.demand[w] - 1e-9):
+    if not ledger.one_fits(w, o, ledger.node_cap(o)):
         return "quota"
     return "cost"
 
@@ -180,7 +178,10 @@ def _binding(model: lp.Model | None, relax: lp.Relaxation | None, w: int,
 def decision(ledger: Ledger, w: int, pen: FloatArray, stats: SolveStats,
              model: lp.Model | None, relax: lp.Relaxation | None,
              policy: str, reason: str | None,
-             index: dict[int, list[tuple[int, float]]] | None = None) -> dict[str, Any]:
+             index: dict[int, list[tuple[int, float]]] | None = None,
+             visible: int | None = None) -> dict[str, Any]:
+    """Workload w's decision record (module docstring); `index` (binding_index) and
+    `visible` (cs.options_visible(w)) may be passed in by a caller that has them."""
     cs = ledger.cs
     wl = cs.workloads[w]
     costs = {o: breakdown(cs, w, o, m) for o, m in ledger.x[w].items()}
@@ -217,7 +218,7 @@ def decision(ledger: Ledger, w: int, pen: FloatArray, stats: SolveStats,
         "binding": _binding(model, relax, w,
                             index if index is not None else binding_index(model, relax)),
         "infeasible": dict(cs.infeasible_counts[w]),
-        "options": cs.options_visible(w),
+        "options": cs.options_visible(w) if visible is None else visible,
         "candidates": int(cs.cand[w].size),
         "unplaced_reason": reason,
         "solver": {"status": stats.status, "gap": stats.gap, "source": stats.source},
@@ -228,13 +229,18 @@ def _new_nodes_by_workload(ledger: Ledger) -> dict[tuple[int, int], int]:
     """Split each pool's new nodes over its workloads by dominant share (largest remainder)."""
     out: dict[tuple[int, int], int] = {}
     per_opt: dict[int, list[tuple[int, float]]] = {}
+    growing = set(np.flatnonzero(ledger.new_nodes > 0).tolist())
+    if not growing:
+        return out  # nothing to split (every workload's share would be 0 nodes)
+    node_l, dem_l = ledger.node.tolist(), ledger.cs.demand.tolist()
     for w, xi in enumerate(ledger.x):
         for o, m in xi.items():
-            node = ledger.node[o]
-            shares = [float(m * ledger.cs.demand[w, r] / node[r]) for r in range(3)
-                      if node[r] > 0]
+            if o not in growing:
+                continue
+            node, d = node_l[o], dem_l[w]
+            shares = [m * d[r] / node[r] for r in range(3) if node[r] > 0]
             share = max(shares) if shares else 0.0
-            per_opt.setdefault(o, []).append((w, float(share)))
+            per_opt.setdefault(o, []).append((w, share))
     for o, items in per_opt.items():
         n = int(ledger.new_nodes[o])
         total = sum(s for _, s in items) or 1.0
@@ -258,6 +264,9 @@ def assemble(cs: CandidateSet, ledger: Ledger, pen: FloatArray, stats: SolveStat
     cs_l = ledger.cs
     nodes = _new_nodes_by_workload(ledger)
     index = binding_index(model, relax) if with_records else {}
+    # Options each workload's tenant may see, counted once for the batch (the records' count).
+    visible = np.full(len(cs_l.workloads), len(cs_l.options), dtype=np.int64) \
+        if cs_l.visible is None else cs_l.visible.sum(axis=1)
     placements: list[Placement] = []
     unplaced: dict[str, str] = {}
     for w, wl in enumerate(cs_l.workloads):
@@ -270,12 +279,13 @@ def assemble(cs: CandidateSet, ledger: Ledger, pen: FloatArray, stats: SolveStat
         assigns = tuple(
             Assignment(cluster=cs_l.options[o].cluster.name, pool=cs_l.options[o].pool.name,
                        pricing=cs_l.options[o].pricing, replicas=m,
-                       price_usd_per_hour=float(cs_l.usd_per_hour[w, o] * m),
+                       price_usd_per_hour=float(cs_l.usd_per_hour[w, o]) * m,
                        new_nodes=nodes.get((w, o), 0))
             for o, m in sorted(ledger.x[w].items()))
-        rtts = [float(cs_l.rtt_ms[w, o]) for o in ledger.x[w] if not np.isnan(cs_l.rtt_ms[w, o])]
+        rtts = [v for v in (float(cs_l.rtt_ms[w, o]) for o in ledger.x[w]) if not math.isnan(v)]
         record: Mapping[str, object] = decision(
-            ledger, w, pen, stats, model, relax, policy, reason, index) if with_records else {}
+            ledger, w, pen, stats, model, relax, policy, reason, index,
+            visible=int(visible[w])) if with_records else {}
         placements.append(Placement(
             workload_id=wl.id, assignments=assigns,
             cost_usd_per_hour=float(sum(a.price_usd_per_hour for a in assigns)),

@@ -192,6 +192,14 @@ class Ledger:
             n_max = min(n_max, new + math.floor(q[1] / node[2] + _EPS))
         return max(n_max, new)
 
+    def one_fits(self, i: int, o: int, nodes: int) -> bool:
+        """Whether one more replica of workload i fits pool o by capacity, were `nodes` new
+        nodes added there (explain.why_not: can_add for capacity, node_cap for quota)."""
+        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
+        d = self._dem_l[i]
+        return all(h[r] * (free[r] + nodes * node[r]) - use[r] >= d[r] - 1e-9
+                   for r in range(3))
+
     def last_node_fill(self, o: int) -> float:
         """How full pool o's last new node is, by its dominant resource (0 with none new):
         the emptier, the cheaper to close (rounding.close_nodes)."""
