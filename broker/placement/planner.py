@@ -356,11 +356,15 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     t0 = time.perf_counter()
     g = greedy(cs, snapshot) if config.greedy_incumbent else None
     budgets = tenant_budgets(snapshot)
+    # Seeding is part of forming the LP, so like the relaxation it is bounded by work
+    # (seed_rounds), not by a time box: cut by the clock on a loaded machine it priced a
+    # few rounds and its columns were worse than the k cheapest (5000x500: 221,446 with a
+    # 0.1 s box, 208,858 bounded by rounds, 209,260 unseeded).
     cs = pricing.seed(cs, pen, budgets, sample=config.seed_sample,
                       per_workload=config.seed_columns, rounds=config.seed_rounds,
-                      min_gain=0.0, budget_s=math.inf if config.deterministic
-                      else config.pricing_time_frac * config.time_limit_s,
-                      lp_time_limit_s=config.lp_time_limit_s)
+                      min_gain=0.0, budget_s=math.inf,
+                      lp_time_limit_s=max(config.lp_time_limit_s, config.safety_time_limit_s)
+                      if config.deterministic else config.lp_time_limit_s)
     if g is not None:
         cs = pricing.with_ledger_columns(cs, g)
     model = lp.build(cs, pen, budgets)
