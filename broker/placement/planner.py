@@ -48,6 +48,7 @@ from broker.placement.kinds import Migration, NodeReplace, PoolScale, PoolScaleI
 from broker.placement.ledger import Ledger, penalties, tenant_budgets
 
 __all__ = [
+    "FULL_NODE_POLICIES",
     "POLICIES",
     "PREWARM_POLICIES",
     "SLO_QUEUEING_POLICIES",
@@ -76,6 +77,12 @@ PREWARM_POLICIES = ("lp", "greedy")
 # RTT + the M/M/c wait, replicas added where the wait needs them). The baselines copy systems
 # that filter on RTT alone (Karmada, Cluster Autoscaler, Karpenter, the seed's greedy).
 SLO_QUEUEING_POLICIES = ("lp",)
+# Policies copying systems that schedule pods up to a node's allocatable (kube-scheduler's
+# NodeResourcesFit; Cluster Autoscaler and Karpenter size nodes for the pending pods' requests):
+# they plan with no headroom, whatever the action says. The headroom ratio is skyfed's own
+# allocation parameter (the RL policy's), kept by lp and by greedy (so lp vs greedy measures
+# the optimiser alone). With 0.9 a pod that fills a node was planned onto two new nodes.
+FULL_NODE_POLICIES = ("traditional", "karpenter")
 
 
 class PlannerError(ValueError):
@@ -227,6 +234,8 @@ def plan_epoch(
     """
     if policy not in POLICIES:
         raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    if policy in FULL_NODE_POLICIES and action.headroom != 1.0:
+        action = dataclasses.replace(action, headroom=1.0)
     t0 = time.perf_counter()
     snapshot, queued, extra = solved_batch(snapshot, config, policy=policy)
     batch = snapshot.pending

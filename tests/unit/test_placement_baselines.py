@@ -106,3 +106,24 @@ def test_karmada_keeps_a_running_workloads_replicas_in_its_member_clusters() -> 
     for policy in ("traditional", "karpenter"):
         plan = plan_epoch(snap, FULL, CONFIG, policy=policy)
         assert _replicas(plan) == {("small", "m"): 1}
+
+
+def test_the_kubernetes_baselines_fill_nodes_to_allocatable_whatever_the_headroom() -> None:
+    # kube-scheduler fits pods up to a node's allocatable and Cluster Autoscaler / Karpenter
+    # size nodes for the pending pods' requests: no headroom. Under the default action
+    # (headroom 0.9, skyfed's own allocation ratio) two 4-vCPU pods did not fit one 8-vCPU
+    # node (7.2 usable) and were planned onto two new nodes where one does.
+    from broker.placement.planner import FULL_NODE_POLICIES
+
+    node8 = Resources(cpu=8, memory_gib=32)
+    empty = _cluster("c", pool("m", price=1.0, nodes=0, max_nodes=4, node=node8))
+    snap = snapshot((workload("web", replicas=2, cpu=4.0, mem=4.0),), clusters=(empty,))
+    assert set(FULL_NODE_POLICIES) == {"traditional", "karpenter"}
+    for policy in FULL_NODE_POLICIES:
+        plan = plan_epoch(snap, PolicyAction(), CONFIG, policy=policy)
+        assert _replicas(plan) == {("c", "m"): 2}
+        assert sum(s.add_nodes for s in plan.scale) == 1
+    # skyfed's own policies keep the action's headroom: 7.2 of 8 vCPU usable per node.
+    for policy in ("lp", "greedy"):
+        plan = plan_epoch(snap, PolicyAction(), CONFIG, policy=policy)
+        assert sum(s.add_nodes for s in plan.scale) == 2
