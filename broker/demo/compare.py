@@ -2,11 +2,21 @@
 
 Why call the planner directly: the live broker only runs one policy, and a
 saving is only meaningful against the other policies on exactly the same
-snapshot (same clusters, same free capacity, same prices, same batch). So this
-module builds the `FederationSnapshot` the live placement loop builds for the
-same batch and calls `plan_epoch` once per policy. Edge sites are registered
-as clusters with provider `edge` and one fixed pool priced at the site's
-amortised cost, so they are options like any other.
+snapshot (same clusters, same free capacity, same prices, same batch).
+
+`live_comparison` takes that snapshot from the placement loop itself: the epoch that
+solved the demo's batch (`PlacementLoop.solved`, kept in memory as the loop solved it:
+the merged snapshot with what the drivers reported, the policy's action). The `lp` row is
+the plan that epoch wrote, not a re-solve; greedy and traditional are solved on the same
+snapshot under the same action and planner configuration. Only when no such epoch is
+there (the loop is not running, or the batch was split over epochs) does
+`resolved_comparison` re-solve all three on a snapshot built from the registrations alone
+(`demo_snapshot`: no observed nodes, registered spot reclaim rates, fixed weights), and its
+title and note say so: that `lp` row may differ from the live placements (seen before
+this distinction: the live loop put checkout-eu at edge-paris, the re-solve at gcp-euw4,
+because the live snapshot held the simulated drivers' nodes and their observed reclaim
+rates). Edge sites are registered as clusters with provider `edge` and one fixed pool
+priced at the site's amortised cost, so they are options like any other.
 
 What is compared, per policy: USD/hour of what was placed (compute at list
 prices), one-off egress for moving input data, the objective the planner
@@ -19,11 +29,12 @@ take a single number on trust.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.demo.federation import DemoFederation
 from broker.domain import FederationSnapshot, Placement, PolicyAction, Workload
+from broker.federation.placement_loop import SolvedEpoch
 from broker.placement.network import batch_maps, cluster_pairs
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.snapshot import Member, MergeInputs, SiteMember, merge
@@ -72,26 +83,86 @@ def _slo_missed(plan: EpochPlan, snapshot: FederationSnapshot) -> int:
     return missed
 
 
+def result_of(policy: str, plan: EpochPlan, snapshot: FederationSnapshot) -> PolicyResult:
+    """One row of the comparison: what `plan` (of `snapshot.pending`) places and costs."""
+    return PolicyResult(
+        policy=policy,
+        usd_per_hour=sum(p.cost_usd_per_hour for p in plan.placements),
+        objective=plan.stats.objective,
+        placed=sum(1 for p in plan.placements if p.placed_replicas > 0),
+        unplaced=len(plan.unplaced), slo_missed=_slo_missed(plan, snapshot),
+        decide_ms=1000.0 * (plan.stats.build_s + plan.stats.solve_s),
+        status=plan.stats.status,
+        where={p.workload_id: "+".join(sorted({a.cluster for a in p.assignments}))
+               for p in plan.placements})
+
+
 def compare_policies(snapshot: FederationSnapshot, config: PlannerConfig | None = None,
                      action: PolicyAction | None = None,
-                     policies: Sequence[str] = POLICIES) -> dict[str, PolicyResult]:
-    """Run every policy on the same snapshot; pure apart from the planner's timers."""
+                     policies: Sequence[str] = POLICIES,
+                     solved: Mapping[str, EpochPlan] | None = None) -> dict[str, PolicyResult]:
+    """Every policy on the same snapshot; pure apart from the planner's timers. A policy in
+    `solved` is not solved again: its row is that plan (the live loop's own)."""
     cfg = config or PlannerConfig()
     act = action or PolicyAction()
-    out: dict[str, PolicyResult] = {}
-    for policy in policies:
-        plan = plan_epoch(snapshot, act, cfg, policy=policy)
-        out[policy] = PolicyResult(
-            policy=policy,
-            usd_per_hour=sum(p.cost_usd_per_hour for p in plan.placements),
-            objective=plan.stats.objective,
-            placed=sum(1 for p in plan.placements if p.placed_replicas > 0),
-            unplaced=len(plan.unplaced), slo_missed=_slo_missed(plan, snapshot),
-            decide_ms=1000.0 * (plan.stats.build_s + plan.stats.solve_s),
-            status=plan.stats.status,
-            where={p.workload_id: "+".join(sorted({a.cluster for a in p.assignments}))
-                   for p in plan.placements})
-    return out
+    given = solved or {}
+    return {policy: result_of(policy, given[policy] if policy in given else
+                              plan_epoch(snapshot, act, cfg, policy=policy), snapshot)
+            for policy in policies}
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """What the demo compares, and a title and a note that say which it is."""
+
+    snapshot: FederationSnapshot
+    action: PolicyAction
+    config: PlannerConfig
+    solved: Mapping[str, EpochPlan]  # policy -> the plan it ran (not re-solved)
+    title: str
+    note: str
+    placed_by: str = ""  # what steered the live plan ("" when not the live plan)
+
+    @property
+    def live(self) -> bool:
+        return bool(self.solved)
+
+    def results(self) -> dict[str, PolicyResult]:
+        return compare_policies(self.snapshot, self.config, self.action, solved=self.solved)
+
+
+def batch_epoch(epochs: Sequence[SolvedEpoch], ids: Collection[str]) -> SolvedEpoch | None:
+    """The newest epoch that solved every one of `ids` (placed or left unplaced each):
+    the batch was one LP, so the baselines can be run on exactly its snapshot."""
+    want = set(ids)
+    for e in reversed(epochs):
+        solved = {p.workload_id for p in e.plan.placements} | set(e.plan.unplaced)
+        if want and want <= solved:
+            return e
+    return None
+
+
+def live_comparison(epoch: SolvedEpoch, config: PlannerConfig, policy: str) -> Comparison:
+    """The live loop's own plan of `epoch` as the `lp` row; the baselines on its snapshot."""
+    return Comparison(
+        snapshot=epoch.snapshot, action=epoch.action, config=config,
+        solved={"lp": epoch.plan},
+        title="Same batch, same snapshot: the live plan (LP) vs the baselines",
+        note=(f"lp = the plan the placement loop wrote in its epoch {epoch.tick} (policy "
+              f"{policy}, action from the {epoch.source} policy); greedy and traditional "
+              "solved on that epoch's snapshot with the same action"),
+        placed_by=f"policy {policy}, action from the {epoch.source} policy")
+
+
+def resolved_comparison(fed: DemoFederation, config: PlannerConfig, action: PolicyAction,
+                        why: str) -> Comparison:
+    """All three re-solved on the registrations (`demo_snapshot`), saying why and that
+    this `lp` is not the live plan."""
+    return Comparison(
+        snapshot=demo_snapshot(fed), action=action, config=config, solved={},
+        title="Same batch, re-solved: LP vs the baselines (not the live plan)",
+        note=(f"all three re-solved on the registered federation ({why}): no observed nodes, "
+              "fixed weights, so lp may place a workload elsewhere than the live broker"))
 
 
 def saving_frac(results: Mapping[str, PolicyResult], baseline: str,

@@ -45,8 +45,9 @@ def _fmt(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def placement_table(rows: Sequence[PlacementRow]) -> Table:
-    t = Table(title="Placements (live broker, LP policy)", title_justify="left")
+def placement_table(rows: Sequence[PlacementRow], *,
+                    title: str = "Placements (live broker, LP policy)") -> Table:
+    t = Table(title=title, title_justify="left")
     for col, just in [("workload", "left"), ("kind", "left"), ("status", "left"),
                       ("provider", "left"), ("region / site", "left"), ("pool", "left"),
                       ("replicas", "right"), ("USD/hour", "right"), ("RTT to users", "right")]:
@@ -65,8 +66,9 @@ def placement_table(rows: Sequence[PlacementRow]) -> Table:
     return t
 
 
-def comparison_table(results: Mapping[str, PolicyResult]) -> Table:
-    t = Table(title="Same batch, same snapshot: LP vs the baselines", title_justify="left")
+def comparison_table(results: Mapping[str, PolicyResult], *,
+                     title: str = "Same batch, same snapshot: LP vs the baselines") -> Table:
+    t = Table(title=title, title_justify="left")
     for col in ("policy", "USD/hour", "batch cost USD", "LP saves vs it", "placed",
                 "unplaced", "SLO missed", "decide ms"):
         t.add_column(col, justify="left" if col == "policy" else "right")
@@ -82,7 +84,9 @@ def comparison_caption() -> str:
     return ("batch cost = what the planner minimises for this batch: compute over each "
             "job's run time (services: 1 h) + one-off data egress + latency penalty "
             "+ a charge per node the plan opens (its price over boot + billing minimum or "
-            "the work, up to 1 h) (+ a penalty per unplaced workload)")
+            "the work, up to 1 h) (+ a penalty per unplaced workload). traditional divides "
+            "replicas as Karmada does, the residual ones by a weighted draw seeded by each "
+            "workload's id: the broker's ids differ per run, so its row may too")
 
 
 def explanation_lines(rec: Mapping[str, Any]) -> list[str]:

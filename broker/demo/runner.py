@@ -32,7 +32,14 @@ from rich.console import Console
 
 from broker.demo import report
 from broker.demo.closing import close_the_loop
-from broker.demo.compare import compare_policies, demo_snapshot, differences
+from broker.demo.compare import (
+    Comparison,
+    batch_epoch,
+    demo_snapshot,
+    differences,
+    live_comparison,
+    resolved_comparison,
+)
 from broker.demo.federation import DemoFederation, load_demo_federation
 from broker.demo.stack import DemoStack, free_port
 from broker.domain import PolicyAction
@@ -145,11 +152,24 @@ class Narrator:
 
     # ------------------------------------------------------------------ 2
     def _planner_inputs(self, snapshot: Any) -> tuple[PolicyAction, Any]:
-        """The live loop's action and planner config, so the comparison re-solves its problem."""
+        """The fixed-weight action and the live loop's planner config, for a re-solve."""
         from broker.federation.placement_loop import fixed_action, planner_config
 
         settings = self.stack.settings.placement
         return fixed_action(settings)(snapshot), planner_config(settings)
+
+    def comparison(self) -> Comparison:
+        """The live placement loop's own epoch for the submitted batch when there is one
+        (compare.py `live_comparison`), else a re-solve that says it is one."""
+        loop = self.stack.runtime.placement_loop if self.stack.runtime is not None else None
+        ids = {str(w["id"]) for w in self.workloads}
+        epoch = batch_epoch(list(loop.solved), ids) if loop is not None else None
+        if loop is not None and epoch is not None:
+            return live_comparison(epoch, loop.config, loop.policy)
+        why = ("the placement loop is not running" if loop is None else
+               "no epoch of the placement loop solved the whole batch")
+        action, config = self._planner_inputs(demo_snapshot(self.fed))
+        return resolved_comparison(self.fed, config, action, why)
 
     def _data_moves(self) -> list[tuple[str, float, str, str, float, float]]:
         """Input data sets vs where their workload landed, priced and timed by the catalog."""
@@ -195,8 +215,10 @@ class Narrator:
 
     async def show_placements(self, live: bool) -> None:
         report.step(self.console, 2, "Where everything went, and what it saves")
+        cmp = self.comparison()
         if live:
-            self.console.print(report.placement_table(self._rows()))
+            self.console.print(report.placement_table(
+                self._rows(), title=f"Placements (live broker, {cmp.placed_by or 'LP policy'})"))
         else:
             report.skipped(self.console, "live placement table",
                            "nothing was placed by the live broker (loops running: "
@@ -205,12 +227,11 @@ class Narrator:
         if live:
             for line in report.data_lines(self._data_moves()):
                 self.console.print(f"  data: {line}")
-        snapshot = demo_snapshot(self.fed)
-        action, config = self._planner_inputs(snapshot)
-        results = await asyncio.to_thread(compare_policies, snapshot, config, action)
-        self.console.print(report.comparison_table(results))
+        results = await asyncio.to_thread(cmp.results)
+        self.console.print(report.comparison_table(results, title=cmp.title))
+        self.console.print(f"[dim]{cmp.note}[/]")
         self.console.print(f"[dim]{report.comparison_caption()}[/]")
-        names = {w.id: w.spec.name for w in snapshot.pending}
+        names = {w.id: w.spec.name for w in cmp.snapshot.pending}
         for policy in ("greedy", "traditional"):
             diff = differences(results, policy, names)
             if diff:
@@ -259,15 +280,18 @@ class Narrator:
         report.skipped(self.console, "live explain (GET /v1/placements/{id}/explain)",
                        "nothing was placed live; explaining the planner's LP decision on the "
                        "same snapshot")
-        snapshot = demo_snapshot(self.fed)
-        action, config = self._planner_inputs(snapshot)
-        plan = await asyncio.to_thread(plan_epoch, snapshot, action, config)
-        chosen = next((p for p in plan.placements if p.workload_id.endswith("llm-finetune")),
+        cmp = self.comparison()
+        snapshot = cmp.snapshot
+        live = cmp.solved.get("lp")
+        plan = live if live is not None else await asyncio.to_thread(
+            plan_epoch, snapshot, cmp.action, cmp.config)
+        names = {w.id: w.spec.name for w in snapshot.pending}
+        chosen = next((p for p in plan.placements if names.get(p.workload_id) == "llm-finetune"),
                       plan.placements[0] if plan.placements else None)
         if chosen is None:
             report.skipped(self.console, "explain and what-if", "the planner placed nothing")
             return
-        name = next(w.spec.name for w in snapshot.pending if w.id == chosen.workload_id)
+        name = names[chosen.workload_id]
         self.console.print(f"[bold]decision for {name}[/] (planner, policy lp)")
         for line in report.explanation_lines(chosen.decision):
             self.console.print(f"  {line}")
@@ -283,10 +307,10 @@ class Narrator:
     def _local_whatif(self, name: str, cluster: str) -> dict[str, Any]:
         from broker.placement.explain import whatif
 
-        snapshot = demo_snapshot(self.fed)
+        cmp = self.comparison()
+        snapshot = cmp.snapshot
         wid = next(w.id for w in snapshot.pending if w.spec.name == name)
-        action, config = self._planner_inputs(snapshot)
-        answer = whatif(snapshot, action, config, wid, cluster)
+        answer = whatif(snapshot, cmp.action, cmp.config, wid, cluster)
         names = {w.id: w.spec.name for w in snapshot.pending}
         answer["others_moved"] = [names.get(i, i) for i in answer.get("others_moved", [])]
         return answer

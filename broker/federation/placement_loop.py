@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -105,6 +106,7 @@ ActionFn = Callable[[FederationSnapshot], PolicyAction]
 # The pools of these registrations that can scale (scaling.py), once the cluster drivers have
 # caught up with them.
 ScalableFn = Callable[[Sequence[ClusterRecord]], Awaitable[set[tuple[str, str]]]]
+SOLVED_KEPT = 8  # epochs that solved pending work, kept in memory (`PlacementLoop.solved`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +185,31 @@ def decide(action_fn: ActionFn, snapshot: FederationSnapshot, *, source: str = "
 def decide_and_plan(snapshot: FederationSnapshot, action_fn: ActionFn, config: PlannerConfig,
                     *, policy: str = "lp", source: str = "custom") -> EpochPlan:
     """Policy action + `plan_epoch`, with `policy_action` added to every decision record."""
-    chosen = decide(action_fn, snapshot, source=source)
+    return plan_with(decide(action_fn, snapshot, source=source), snapshot, config,
+                     policy=policy)
+
+
+def plan_with(chosen: PolicyDecision, snapshot: FederationSnapshot, config: PlannerConfig,
+              *, policy: str = "lp") -> EpochPlan:
+    """`plan_epoch` under a decided action, its record added to every decision record."""
     plan = plan_epoch(snapshot, chosen.action, config, policy=policy)
     return replace(plan, placements=tuple(
         _with_policy(p, chosen.record) for p in plan.placements))
+
+
+@dataclass(frozen=True, slots=True)
+class SolvedEpoch:
+    """An epoch that solved pending work, exactly as the loop solved it: the merged
+    snapshot, the policy's action (and its source: `fixed` or `checkpoint`) and the plan
+    `plan_epoch` returned, whose placements the loop wrote. The loop keeps the last few in
+    memory (`PlacementLoop.solved`) so that other policies can be compared on this very
+    snapshot rather than on a re-read of the store (broker/demo/compare.py)."""
+
+    tick: int  # the loop's epoch count (1: its first)
+    snapshot: FederationSnapshot
+    action: PolicyAction
+    source: str
+    plan: EpochPlan
 
 
 def _with_policy(placement: Placement, record: Mapping[str, object]) -> Placement:
@@ -224,7 +247,18 @@ class PlacementLoop(PollingLoop):
         # Called after every commit of an epoch (wakes the actuator and the dispatcher).
         self.on_commit: list[Callable[[], None]] = []
         self.last_plan: EpochPlan | None = None
+        self.solved: deque[SolvedEpoch] = deque(maxlen=SOLVED_KEPT)
         self.ticks = 0
+
+    @property
+    def config(self) -> PlannerConfig:
+        """The planner configuration every epoch solves under."""
+        return self._config
+
+    @property
+    def policy(self) -> str:
+        """The planner policy every epoch solves with (`lp` unless told otherwise)."""
+        return self._policy
 
     async def step(self) -> EpochPlan | None:
         plan = await self.tick()
@@ -267,8 +301,17 @@ class PlacementLoop(PollingLoop):
         if snap is None:
             return None
         t1 = time.perf_counter()
-        plan = await asyncio.to_thread(decide_and_plan, snap, self._action_fn, self._config,
-                                       policy=self._policy, source=self._source)
+
+        def solve() -> tuple[PolicyDecision, EpochPlan]:
+            chosen = decide(self._action_fn, snap, source=self._source)
+            return chosen, plan_with(chosen, snap, self._config, policy=self._policy)
+
+        chosen, plan = await asyncio.to_thread(solve)
+        if plan.placements or plan.unplaced:
+            self.solved.append(SolvedEpoch(self.ticks + 1, snap, chosen.action,
+                                           str(chosen.record.get("source", self._source)),
+                                           plan))
+
         def replan(s: FederationSnapshot) -> EpochPlan:
             return decide_and_plan(s, self._action_fn, self._config, policy=self._policy,
                                    source=self._source)
