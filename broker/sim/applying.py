@@ -321,6 +321,7 @@ def reserve(eng: Engine, ws: WorkloadState, c: SimCluster, p: SimPool, want: int
               ready_s=nodes_ready + pull_s + move.seconds + physics.POD_START_S)
     g.token = eng.next_token()
     ws.groups.append(g)
+    p.count_replicas(placed, placed)
     eng.push(g.ready_s, READY, (ev.id, g.token))
     return placed
 

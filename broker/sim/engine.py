@@ -48,7 +48,7 @@ from broker.sim.metrics import Metrics
 from broker.sim.network import egress_table, user_rtt_table
 from broker.sim.realize import SPOT_HAZARD, TwinNoise, realize, stream
 from broker.sim.scenario import CatalogLike, Scenario
-from broker.sim.snapshot import build_snapshot, network_of
+from broker.sim.snapshot import build_snapshot, network_of, pool_replica_counts, replica_counts
 from broker.sim.state import CapacityError, Group, Node, SimPool, WorkloadState
 from broker.sim.state import make_cluster as _make_cluster
 
@@ -397,8 +397,11 @@ class Engine:
         g = next((g for g in ws.groups if g.token == token), None)
         if g is None:
             return
+        p = self.clusters[g.cluster].pool(g.pool)
+        if not g.running:
+            p.count_replicas(0, -g.count)
         g.running = True
-        self.clusters[g.cluster].pool(g.pool).images.add(wid)
+        p.images.add(wid)
         ws.max_running = max(ws.max_running, ws.running)
         applying.move_ready(self, ws, g)  # a move's target is ready: drain its source
         running = ws.running
@@ -480,6 +483,7 @@ class Engine:
             if home is not None:
                 del g.nodes[i]
         g.count -= len(idx)
+        p.count_replicas(-len(idx), 0 if g.running else -len(idx))
         if g.count <= 0:
             ws.groups.remove(g)
         self.metrics.pools_changed()
@@ -516,6 +520,8 @@ class Engine:
     def check_invariants(self) -> None:
         if any(ws.groups for w, ws in self.workloads.items() if self.unfinished.get(w) is not ws):
             raise CapacityError("a workload outside `unfinished` holds replicas")
+        if pool_replica_counts(self.clusters.values()) != replica_counts(self.unfinished.values()):
+            raise CapacityError("the pools' replica counts differ from the workloads' groups")
         for c in self.clusters.values():
             for p in c.pools:
                 p.check()

@@ -201,6 +201,7 @@ def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: boo
 
 
 def replica_counts(states: Iterable[WorkloadState]) -> dict[Pair, tuple[int, int]]:
+    """(placed, not running yet) replicas per (cluster, pool) of the workloads' groups."""
     out: dict[Pair, tuple[int, int]] = {}
     for ws in states:
         for g in ws.groups:
@@ -208,6 +209,13 @@ def replica_counts(states: Iterable[WorkloadState]) -> dict[Pair, tuple[int, int
             out[(g.cluster, g.pool)] = (placed + g.count,
                                         starting + (0 if g.running else g.count))
     return out
+
+
+def pool_replica_counts(clusters: Iterable[SimCluster]) -> dict[Pair, tuple[int, int]]:
+    """`replica_counts` as the pools keep them (`SimPool.count_replicas`), without walking
+    the workloads: the same mapping (pools holding replicas only)."""
+    return {(c.name, p.name): (p.replicas_placed, p.replicas_starting)
+            for c in clusters for p in c.pools if p.replicas_placed}
 
 
 def network_of(scenario: Scenario, catalog: NetworkCatalog | None
@@ -237,7 +245,8 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     return MergeInputs(
         now_s=now, members=members,
         inventory=inventory, pending=tuple(pending_workload(ws) for ws in batch),
-        replicas=replica_counts(engine.unfinished.values()), demand=demand,
+        replicas=pool_replica_counts(clusters) if reuse
+        else replica_counts(engine.unfinished.values()), demand=demand,
         user_regions=tuple(UserRegion(u.name, u.lat, u.lon)
                            for u in engine.scenario.user_regions),
         user_rtt_ms=engine.rtt, cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps,

@@ -81,6 +81,11 @@ class SimPool:
     gpus_used: tuple[int, int] = (-1, 0)  # (version, GPUs in use then): `used_gpu`'s cache
     # (version, valid until) after the last idle-timer pass (sim/applying.py observe_idle).
     idle_seen: tuple[int, float] = (-1, -math.inf)
+    # Replicas of the engine's groups on this pool, and how many of them are not running yet,
+    # kept as groups come, start and go (Engine.release, _group_ready, applying.reserve): the
+    # snapshot's replica counts without walking every workload each epoch.
+    replicas_placed: int = 0
+    replicas_starting: int = 0
     # (version, price factor, its terms of the cost and utilisation rates) (sim/metrics.py).
     rates: tuple[int, float, tuple[float, float, float, float, int]] | None = None
 
@@ -115,6 +120,11 @@ class SimPool:
         self.demand_cpu_per_s = decayed(self.demand_cpu_per_s, self.demand_at_s, now, tau_s)
         self.demand_gpu_per_s = decayed(self.demand_gpu_per_s, self.demand_at_s, now, tau_s)
         self.demand_at_s = max(self.demand_at_s, now)
+
+    def count_replicas(self, placed: int, starting: int) -> None:
+        """Replicas placed here (and not running yet) changed by these counts."""
+        self.replicas_placed += placed
+        self.replicas_starting += starting
 
     def ready_nodes(self, now: float) -> int:
         return sum(1 for n in self.node_list if n.ready_at <= now)
