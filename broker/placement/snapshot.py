@@ -228,9 +228,10 @@ def _prov(source: str, now_s: float, at_s: float | None, limit_s: float) -> Prov
     return Provenance(source, age, stale=at_s is not None and age > limit_s)
 
 
-def price_of(pool: Pool, member: Member, inputs: MergeInputs,
-             settings: MergeSettings) -> tuple[float, Provenance]:
-    """The pool's newest price per node and hour, and where it came from."""
+def price_of(pool: Pool, member: Member, inputs: MergeInputs, settings: MergeSettings,
+             registered: dict[str, Provenance] | None = None) -> tuple[float, Provenance]:
+    """The pool's newest price per node and hour, and where it came from (`registered`: the
+    provenance of the member's own prices per source, made once for all its pools)."""
     c = member.cluster
     reading = None if pool.pricing is PricingModel.EDGE else inputs.prices.get(
         (c.provider, c.region, pool.instance_type))
@@ -241,7 +242,12 @@ def price_of(pool: Pool, member: Member, inputs: MergeInputs,
         if price is not None:
             return price, _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s)
     source = member.price_sources.get(pool.name, "registration")
-    return pool.price_usd_per_hour, Provenance(source, _age(inputs.now_s, member.registered_s))
+    prov = registered.get(source) if registered is not None else None
+    if prov is None:
+        prov = Provenance(source, _age(inputs.now_s, member.registered_s))
+        if registered is not None:
+            registered[source] = prov
+    return pool.price_usd_per_hour, prov
 
 
 def _worst(provs: Sequence[Provenance], default: Provenance) -> Provenance:
@@ -346,19 +352,21 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
         prov["telemetry"] = _prov("telemetry", now, usage.read_s, settings.telemetry_max_age_s)
     out: list[Pool] = []
     priced: list[Provenance] = []
+    registered: dict[str, Provenance] = {}
     for p in c.pools:  # every reading about the pool, then one copy of it at most
-        price, pp = price_of(p, member, inputs, settings)
+        price, pp = price_of(p, member, inputs, settings, registered)
         if p.pricing is not PricingModel.EDGE:
             priced.append(pp)
-        key = _pool_inputs(p, c.name, inv, usage, inputs, price) if memo is not None else None
+        pair = (c.name, p.name)
+        key = _pool_inputs(p, pair, inv, usage, inputs, price) if memo is not None else None
         if key is not None and memo is not None:
-            kept = memo.pools.get((c.name, p.name))
+            kept = memo.pools.get(pair)
             if kept is not None and _same_inputs(kept[0], key):
                 out.append(kept[1])
                 continue
         merged = _merge_pool(p, c.name, inv, by_pool, usage, inputs, price)
         if key is not None and memo is not None:
-            memo.pools[(c.name, p.name)] = (key, merged)
+            memo.pools[pair] = (key, merged)
         out.append(merged)
     pools = tuple(out)
     prov["pricing"] = _worst(priced, Provenance("registration", _age(now, member.registered_s)))
@@ -374,7 +382,7 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
                    else frozenset({member.tenant}) | member.lent_to)
 
 
-def _pool_inputs(p: Pool, cluster: str, inv: Inventory | None, usage: UsageReading | None,
+def _pool_inputs(p: Pool, pair: Pair, inv: Inventory | None, usage: UsageReading | None,
                  inputs: MergeInputs, price: float) -> tuple[object, ...] | None:
     """Everything `_merge_pool` reads about `p`, for `MergeMemo` (None: not memoised, as
     when the pool's nodes come raw rather than as a `PoolObservation`)."""
@@ -387,7 +395,7 @@ def _pool_inputs(p: Pool, cluster: str, inv: Inventory | None, usage: UsageReadi
         rate = reclaim_rate_per_hour(inv.reclaims.get(p.name, 0), inv.since_s, inputs.now_s)
     return (p, obs, inv is None, rate, price,
             None if usage is None else usage.pools.get(p.name),
-            inputs.released.get((cluster, p.name)), inputs.replicas.get((cluster, p.name)))
+            inputs.released.get(pair), inputs.replicas.get(pair))
 
 
 def _same_inputs(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
