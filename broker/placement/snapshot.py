@@ -75,6 +75,8 @@ from broker.placement.sanity import partition
 from providers.base import Offer
 
 Pair = tuple[str, str]
+# The snapshot's rtt_ms, egress_usd_per_gb and bandwidth_gbps.
+NetworkMaps = tuple[dict[Pair, float], dict[Pair, float], dict[Pair, float]]
 SITE_POOL = "site"
 EDGE_LABEL = "skyfed.io/edge"
 _SOURCE_RANK = {"sync": 3, "catalog": 2, "registration": 1}
@@ -250,10 +252,9 @@ def price_of(pool: Pool, member: Member, inputs: MergeInputs, settings: MergeSet
     return pool.price_usd_per_hour, prov
 
 
-def _worst(provs: Sequence[Provenance], default: Provenance) -> Provenance:
-    """The least trustworthy of several: lowest-ranked source, then the oldest."""
-    if not provs:
-        return default
+def _worst(provs: Sequence[Provenance]) -> Provenance:
+    """The least trustworthy of several (at least one): lowest-ranked source, then the
+    oldest."""
     return min(provs, key=lambda p: (_SOURCE_RANK.get(p.source, 0), -p.age_s))
 
 
@@ -331,9 +332,13 @@ class MergeMemo:
     shell that merges every epoch (the twin) may pass the same memo to each `merge`, and a
     pool whose every input is the same object, or an equal value, as at the last merge is
     that merge's `Pool` again, an equal value (so the planner's per-pool caches,
-    `Pool.free`, carry over too). The result is the merge without a memo."""
+    `Pool.free`, carry over too); the network maps (RTT, egress, bandwidth) given as the
+    same mapping objects as last time, with no agent measurement, are last merge's copies
+    again (so the caller must not change a mapping it passed). The result is the merge
+    without a memo."""
 
     pools: dict[Pair, tuple[tuple[object, ...], Pool]] = field(default_factory=dict)
+    maps: tuple[tuple[object, ...], NetworkMaps] | None = None
 
 
 def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
@@ -369,7 +374,8 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
             memo.pools[pair] = (key, merged)
         out.append(merged)
     pools = tuple(out)
-    prov["pricing"] = _worst(priced, Provenance("registration", _age(now, member.registered_s)))
+    prov["pricing"] = _worst(priced) if priced else \
+        Provenance("registration", _age(now, member.registered_s))
     vcpu, gpu, stale, prov["quota"] = quota_of(c, pools, member, inputs, settings)
     healthy, prov["health"] = _health(member, inputs, settings)
     rtt_ages = [_age(now, r.measured_s) for r in inputs.rtts if r.site == c.name]
@@ -503,12 +509,28 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None, *
     committed = with_commitments(merged, inputs.running, inputs.workloads,
                                  ordered=inputs.ordered)
     sites = {c.name for c in committed if c.is_edge}
-    users, peers = measured_rtts(inputs, settings, sites)
+    rtt, egress, bandwidth = network_maps(inputs, settings, sites, memo)
     return FederationSnapshot(
         now_s=inputs.now_s, clusters=committed, pending=inputs.pending,
-        running=inputs.running, user_regions=inputs.user_regions,
-        rtt_ms={**inputs.user_rtt_ms, **inputs.cluster_rtt_ms, **users, **peers},
+        running=inputs.running, user_regions=inputs.user_regions, rtt_ms=rtt,
         tenants=committed_spend(inputs.tenants, inputs.running, inputs.workloads),
-        egress_usd_per_gb=dict(inputs.egress_usd_per_gb),
-        bandwidth_gbps=dict(inputs.bandwidth_gbps), workloads=dict(inputs.workloads),
+        egress_usd_per_gb=egress, bandwidth_gbps=bandwidth, workloads=dict(inputs.workloads),
         displaced=dict(inputs.displaced), demand=dict(inputs.demand)), bad
+
+
+def network_maps(inputs: MergeInputs, settings: MergeSettings, sites: set[str],
+                 memo: MergeMemo | None = None) -> NetworkMaps:
+    """The snapshot's RTT map (the catalog's user and cluster RTTs, fresh agent measurements
+    over them), and copies of the egress and bandwidth maps (`MergeMemo`: last merge's)."""
+    users, peers = measured_rtts(inputs, settings, sites)
+    given = (inputs.user_rtt_ms, inputs.cluster_rtt_ms, inputs.egress_usd_per_gb,
+             inputs.bandwidth_gbps)
+    reuse = memo is not None and not users and not peers
+    if reuse and memo is not None and memo.maps is not None \
+            and all(a is b for a, b in zip(memo.maps[0], given, strict=True)):
+        return memo.maps[1]
+    out = ({**inputs.user_rtt_ms, **inputs.cluster_rtt_ms, **users, **peers},
+           dict(inputs.egress_usd_per_gb), dict(inputs.bandwidth_gbps))
+    if reuse and memo is not None:
+        memo.maps = (given, out)
+    return out
