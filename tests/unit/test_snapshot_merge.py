@@ -411,18 +411,27 @@ def test_a_memoised_merge_equals_a_fresh_one_whichever_input_changes() -> None:
         replace(base, members=(member(cluster("aws-use1", replace(p, max_nodes=1), gpu)),)),
         replace(base, inventory={"aws-use1": replace(base.inventory["aws-use1"],
                                                      observations=again)}),
-        replace(base, demand={("aws-use1", "m5"): (0.5, 0.0)})]
+        replace(base, demand={("aws-use1", "m5"): (0.5, 0.0)}),
+        # The network maps (kept by the memo while the same objects come again).
+        replace(base, user_rtt_ms={("u", "aws-use1"): 5.0}),
+        replace(base, cluster_rtt_ms={("aws-use1", "gcp-euw4"): 90.0}),
+        replace(base, egress_usd_per_gb={("aws:us-east-1", "gcp:europe-west4"): 0.09}),
+        replace(base, bandwidth_gbps={("aws-use1", "gcp-euw4"): 5.0}),
+        replace(base, rtts=(RttReading("aws-use1", "u", 4.0, NOW),))]
     steps = [base] + [x for v in variants for x in (v, base)]  # one input changed at a time
     memo = MergeMemo()
-    kept = 0
+    kept = kept_maps = 0
     last: tuple[Pool, ...] = ()
+    last_rtt: object = None
     for i, inputs in enumerate(steps):
         got = merge(inputs, SETTINGS, memo=memo)
         assert got == merge(inputs, SETTINGS), f"step {i}"
         pools = got.clusters[0].pools
         kept += sum(a is b for a, b in zip(pools, last, strict=False))
-        last = pools
+        kept_maps += got.rtt_ms is last_rtt
+        last, last_rtt = pools, got.rtt_ms
     assert kept > 0  # the memo was used: unchanged pools are the same object
+    assert kept_maps > 0  # ... and unchanged network maps the same copies
 
 
 def test_data_named_by_its_cluster_gets_the_catalogs_egress_price() -> None:
