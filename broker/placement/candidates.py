@@ -269,11 +269,11 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     `PolicyAction.for_pool`), part of the packing model's node charge.
     `queued`: pending workloads not in this batch, for feasibility.py's reservation rule.
     `columns=False`: feasibility and cost only, for a caller that reads no LP columns
-    (migrate.py): `cand` is empty per workload and `gpu_sets` has no rows.
+    (migrate.py): `cand` and `infeasible_counts` are empty per workload and `gpu_sets` has
+    no rows.
     """
     wls = tuple(snapshot.pending if workloads is None else workloads)
     options = build_options(snapshot)
-    n_w = len(wls)
     clusters = {c.name: c for c in snapshot.clusters}
     demand = np.array([[w.spec.resources.cpu, w.spec.resources.memory_gib,
                         w.spec.resources.gpu] for w in wls], dtype=np.float64).reshape(-1, 3)
@@ -286,16 +286,9 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     feasible = visible.copy()
     for m in masks.values():
         feasible &= m
-    ruled_out = np.stack([(visible & ~masks[f]).sum(axis=1) for f in FAMILIES], axis=1) \
-        if n_w else np.zeros((0, len(FAMILIES)), dtype=np.int64)
     targets, in_share = weighted_targets(wls, [o.cluster for o in options], feasible)
-    no_share = (feasible & ~in_share).sum(axis=1)
-    per_w: list[dict[str, int]] = [{} for _ in wls]
-    for i, j in zip(*np.nonzero(ruled_out), strict=True):  # row by row, families in order
-        per_w[i][FAMILIES[j]] = int(ruled_out[i, j])
-    for i in np.flatnonzero(no_share):
-        per_w[i]["weighted"] = int(no_share[i])
-    counts = tuple(per_w)
+    counts = _infeasible_counts(visible, masks, feasible, in_share) if columns else \
+        tuple({} for _ in wls)
     feasible &= in_share
     parts = _costs(snapshot, action, wls, options, clusters, demand, node, rtt,
                    service_horizon_h, site_cost_fraction)
@@ -326,6 +319,23 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         targets=targets, node_usd=node_usd, list_compute=list_compute,
         gpu_sets=gpu_set_table(wls, options, feasible, queued, action.reserve_nodes)
         if columns else _NO_SETS)
+
+
+def _infeasible_counts(visible: BoolArray, masks: Mapping[str, BoolArray],
+                       feasible: BoolArray, in_share: BoolArray
+                       ) -> tuple[dict[str, int], ...]:
+    """Per workload, how many of the options its tenant sees each family rules out, and
+    `weighted` for feasible options of clusters its weighted split gives no share."""
+    n_w = visible.shape[0]
+    ruled_out = np.stack([(visible & ~masks[f]).sum(axis=1) for f in FAMILIES], axis=1) \
+        if n_w else np.zeros((0, len(FAMILIES)), dtype=np.int64)
+    no_share = (feasible & ~in_share).sum(axis=1)
+    per_w: list[dict[str, int]] = [{} for _ in range(n_w)]
+    for i, j in zip(*np.nonzero(ruled_out), strict=True):  # row by row, families in order
+        per_w[i][FAMILIES[j]] = int(ruled_out[i, j])
+    for i in np.flatnonzero(no_share):
+        per_w[i]["weighted"] = int(no_share[i])
+    return tuple(per_w)
 
 
 def gpu_set_table(wls: Sequence[Workload], options: Sequence[Option], feasible: BoolArray,

@@ -221,15 +221,26 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
         "taints": _per_cluster_mask(
             wls, options, lambda w: tuple(w.spec.tolerations),
             lambda sig, c: tolerates_all(sig, c.taints)),
-        "affinity": _per_cluster_mask(
-            wls, options,
-            lambda w: (tuple(sorted(w.spec.affinity.items())),
-                       tuple(sorted(w.spec.anti_affinity.items())), w.spec.cluster_names),
-            lambda sig, c: labels_ok(c, dict(sig[0]), dict(sig[1]))
-            and (not sig[2] or c.name in sig[2])),
+        "affinity": _per_cluster_mask(wls, options, _selector_signature,
+                                      lambda sig, c: labels_ok(c, dict(sig[0]), dict(sig[1]))
+                                      and (not sig[2] or c.name in sig[2])),
         "spot": spot_mask,
         "avoid": _avoid_mask(snapshot, wls, options),
     }
+
+
+_NO_SELECTORS: tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], tuple[str, ...]] \
+    = ((), (), ())
+
+
+def _selector_signature(w: Workload) -> tuple[tuple[tuple[str, str], ...],
+                                              tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """The workload's cluster selectors as one hashable value (most workloads have none)."""
+    spec = w.spec
+    if not spec.affinity and not spec.anti_affinity and not spec.cluster_names:
+        return _NO_SELECTORS
+    return (tuple(sorted(spec.affinity.items())), tuple(sorted(spec.anti_affinity.items())),
+            spec.cluster_names)
 
 
 def _gpu_set_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArray:
@@ -282,19 +293,18 @@ def rtt_table(snapshot: FederationSnapshot, wls: Sequence[Workload],
     """W x O RTT in ms from each workload's user region to each option's cluster
     (network.RttResolver); nan where unknown or the workload names no user region.
     One lookup per (region, cluster), not per option."""
-    out = np.full((len(wls), len(options)), np.nan)
     col, clusters = _option_clusters(options)
     resolver = RttResolver(snapshot)
-    rows: dict[str, FloatArray] = {}
-    for i, w in enumerate(wls):
-        region = w.spec.user_region
-        if region is None:
-            continue
-        if region not in rows:
+    regions: dict[str | None, int] = {None: 0}  # row 0: no user region, all nan
+    row = np.array([regions.setdefault(w.spec.user_region, len(regions)) for w in wls],
+                   dtype=np.int64)
+    table = np.full((len(regions), len(options)), np.nan)
+    for region, r in regions.items():
+        if region is not None:
             per_cluster = np.array([np.nan if v is None else v for v in (
                 resolver.rtt_ms(region, c) for c in clusters)], dtype=np.float64)
-            rows[region] = per_cluster[col]
-        out[i] = rows[region]
+            table[r] = per_cluster[col]
+    out: FloatArray = table[row]
     return out
 
 
@@ -309,8 +319,9 @@ def latency_mask(wls: Sequence[Workload], rtt: FloatArray,
     workload, the load to judge it at where its spec carries none (a running service's,
     `running_slo_utilization`; None entries: the spec's own).
     """
-    mask = np.ones(rtt.shape, dtype=bool)
-    rows: dict[tuple[str, float, float | None], BoolArray] = {}
+    keys: dict[tuple[str, float, float | None], int] = {}  # -> row of `table` (0: no SLO)
+    first: list[int] = [-1]  # per row, a workload with its key (its rtt row: the region's)
+    row = np.zeros(len(wls), dtype=np.int64)
     for i, w in enumerate(wls):
         spec = w.spec
         if spec.latency_slo_ms is None or spec.user_region is None:
@@ -319,11 +330,17 @@ def latency_mask(wls: Sequence[Workload], rtt: FloatArray,
         if util is None and utilization is not None:
             util = utilization[i]
         key = (spec.user_region, spec.latency_slo_ms, util)
-        if key not in rows:
-            wait = 0.0 if util is None else queueing.queue_wait_ms(1, util)
-            rows[key] = rtt[i] + wait <= spec.latency_slo_ms + 1e-9  # nan (unknown): False
-        mask[i] = rows[key]
-    return mask
+        r = keys.get(key)
+        if r is None:
+            r = keys[key] = len(first)
+            first.append(i)
+        row[i] = r
+    table = np.ones((len(first), rtt.shape[1]), dtype=bool)
+    for (_, slo, load), r in keys.items():
+        wait = 0.0 if load is None else queueing.queue_wait_ms(1, load)
+        table[r] = rtt[first[r]] + wait <= slo + 1e-9  # nan (unknown): False
+    out: BoolArray = table[row]
+    return out
 
 
 def running_slo_utilization(spec: WorkloadSpec, running: int) -> float | None:
