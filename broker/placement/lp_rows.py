@@ -102,13 +102,14 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
     row_of[has] = len(rows.lo) + np.arange(int(has.sum()), dtype=np.int64)
     kk, rr = np.nonzero(has)  # the rows, option by option
     opt_k = used[kk]
-    out.update(zip(zip(opt_k.tolist(), rr.tolist(), strict=True),
-                   row_of[kk, rr].tolist(), strict=True))
+    opt_list, res_list = opt_k.tolist(), rr.tolist()
+    out.update(zip(zip(opt_list, res_list, strict=True), row_of[kk, rr].tolist(), strict=True))
     rows.lo.extend([-math.inf] * kk.size)
     rows.hi.extend((hv[rr] * np.maximum(0.0, cs.table.free[opt_k, rr])).tolist())
-    keys = {int(o): cs.options[int(o)].key for o in np.unique(opt_k)}
-    rows.names.extend(("capacity", f"{keys[o]}:{RESOURCES[r]}")
-                      for o, r in zip(opt_k.tolist(), rr.tolist(), strict=True))
+    options = cs.options
+    prefix = {o: f"{options[o].cluster.name}/{options[o].pool.name}:" for o in set(opt_list)}
+    rows.names.extend(("capacity", prefix[o] + RESOURCES[r])
+                      for o, r in zip(opt_list, res_list, strict=True))
     k_of = np.full(len(cs.options), -1, dtype=np.int64)
     k_of[used] = np.arange(used.size, dtype=np.int64)
     cols = np.flatnonzero(k_of[x_o] >= 0)  # x columns on a used option
@@ -120,7 +121,8 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
         rows.v.append(np.asarray(cs.demand[x_w[cols[on]], r], dtype=np.float64))
     # - h[r] node[o,r] n_o of each row
     rows.r.append(row_of[kk, rr])
-    rows.c.append(np.array([n_col_of[int(used[k])] for k in kk], dtype=np.int64))
+    n_col = np.array([n_col_of[o] for o in used.tolist()], dtype=np.int64)
+    rows.c.append(n_col[kk])
     rows.v.append(np.asarray(-hv[rr] * node[used[kk], rr], dtype=np.float64))
     return out
 
@@ -130,17 +132,18 @@ def quota_rows(cs: CandidateSet, rows: Rows, used_opts: IntArray,
     """(quota) rows: new nodes per cluster within its vCPU and GPU quota headroom."""
     node = cs.option_node()
     by_cluster: dict[str, list[int]] = {}
-    for o in used_opts:
-        by_cluster.setdefault(cs.options[int(o)].cluster.name, []).append(int(o))
+    for o in np.asarray(used_opts).tolist():
+        by_cluster.setdefault(cs.options[o].cluster.name, []).append(o)
     for opts in by_cluster.values():
         cluster = cs.options[opts[0]].cluster
         q_cpu, q_gpu = cs.quota_left(cluster.name)
         for left, dim, unit in ((q_cpu, 0, "vcpu"), (q_gpu, 2, "gpu")):
             if left is None:
                 continue
-            cols = [n_col_of[o] for o in opts if node[o, dim] > 0]
+            sizes = node[opts, dim].tolist()
+            cols = [n_col_of[o] for o, size in zip(opts, sizes, strict=True) if size > 0]
             if cols:
-                vals = [node[o, dim] for o in opts if node[o, dim] > 0]
+                vals = [size for size in sizes if size > 0]
                 rows.add(cols, vals, -math.inf, left, ("quota", f"{cluster.name}:{unit}"))
 
 
