@@ -128,8 +128,12 @@ def train(
     trace_share: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="share of episodes drawn from the real traces (with --data)")
     ] = 0.75,
+    reward_weights: Annotated[str | None, typer.Option(
+        help="reward weights, e.g. 'cost=1,slo=1,xzone=0.1,queue=0.1,gpu=0.1' (the rest "
+             "default; --tune-trials tunes them instead)")] = None,
 ) -> None:
     """Train the actor-critic policy (PPO+GAE) in the twin on randomized scenarios. CPU only."""
+    from broker.sim.rollout import RewardWeights
     from broker.sim.scenario import ScenarioError
     from broker.sim.train import TrainConfig, load_target, train_policy
 
@@ -137,9 +141,11 @@ def train(
         raise _fail(f"--data {data}: no traces/ folder there (the shared/data layout)")
     try:
         tgt = load_target(target)
+        weights = RewardWeights.parse(reward_weights) if reward_weights else RewardWeights()
         cfg = TrainConfig(minutes=minutes, seed=seed, scenarios=tuple(scenario or ()),
                           tune_trials=tune_trials, target=tgt, episodes=episodes, jobs=jobs,
-                          lr=lr, start=start, data=data, trace_share=trace_share)
+                          lr=lr, start=start, data=data, trace_share=trace_share,
+                          weights=weights)
         summary = train_policy(cfg, out)
     except (ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None

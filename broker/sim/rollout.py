@@ -6,6 +6,7 @@ processes). The reward is train.py's docstring's; this module only computes it.
 from __future__ import annotations
 
 import functools
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,27 @@ class RewardWeights:
     xzone: float = 0.2
     queue: float = 1.0
     gpu: float = 0.5
+
+    @classmethod
+    def parse(cls, text: str) -> RewardWeights:
+        """`cost=1,slo=1,...` (any subset; the rest keep their defaults); ValueError names a
+        bad entry."""
+        known = cls.__dataclass_fields__
+        values: dict[str, float] = {}
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            key, eq, raw = part.partition("=")
+            key = key.strip()
+            if not eq or key not in known:
+                raise ValueError(f"reward weight {part!r}: expected NAME=NUMBER with NAME one "
+                                 f"of {', '.join(known)}")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"reward weight {part!r}: {raw!r} is not a number") from None
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"reward weight {part!r}: must be finite and >= 0")
+            values[key] = value
+        return cls(**values)
 
 
 @dataclass

@@ -271,3 +271,15 @@ def test_training_is_deterministic_with_a_seed() -> None:
     init = ActorCritic().state_dict()
     assert not all(torch.equal(sa[k], init[k]) for k in sa)  # PPO updated the weights
 
+
+
+def test_reward_weights_parse_names_a_bad_entry() -> None:
+    from broker.sim.rollout import RewardWeights
+
+    w = RewardWeights.parse("cost=2, queue=0.1")
+    assert (w.cost, w.queue) == (2.0, 0.1)
+    assert w.slo == RewardWeights().slo  # not named: the default
+    for bad, why in (("speed=1", "NAME=NUMBER"), ("cost", "NAME=NUMBER"),
+                     ("cost=x", "not a number"), ("cost=-1", ">= 0"), ("cost=inf", ">= 0")):
+        with pytest.raises(ValueError, match=why):
+            RewardWeights.parse(bad)
