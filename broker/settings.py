@@ -124,8 +124,10 @@ class ActuatorSettings(BaseModel):
 
 
 class PolicySettings(BaseModel):
-    # Empty: the checkpoint shipped in the package; "none": fixed weights.
-    checkpoint: str = ""
+    # "none" (default): fixed weights, what `lp` does; "shipped" (or ""): the checkpoint in
+    # the package; else a checkpoint's path. Why not the shipped one by default:
+    # broker/federation/policy_runtime.py's docstring.
+    checkpoint: str = "none"
     enabled: bool = True
 
 

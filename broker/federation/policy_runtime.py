@@ -2,12 +2,19 @@
 
 `install_policy` (a start-up step, see `broker.app.start_up`) reads `settings.policy`:
 
-- `checkpoint = ""` (default): the checkpoint shipped in `broker/policy_data/policy.pt`; if the
-  package lacks it, a warning and the operator's fixed weights;
+- `checkpoint = "none"` (default) or `enabled = false`: fixed weights
+  (`PlacementSettings.headroom`, `latency_weight_usd_per_ms`), exactly what the plain `lp`
+  policy does;
+- `checkpoint = "shipped"` (or `""`, its spelling before the default changed): the checkpoint
+  shipped in `broker/policy_data/policy.pt`; if the package lacks it, a warning and the
+  operator's fixed weights;
 - `checkpoint = "/some/path.pt"`: that file; missing or unreadable -> `ConfigError` naming
-  the file, so `skyfed serve` refuses to start instead of silently steering with defaults;
-- `checkpoint = "none"` or `enabled = false`: fixed weights (`PlacementSettings.headroom`,
-  `latency_weight_usd_per_ms`), exactly what the plain `lp` policy does.
+  the file, so `skyfed serve` refuses to start instead of silently steering with defaults.
+
+Why fixed weights by default: the shipped checkpoint costs more than fixed-weight `lp` on the
+shipped scenarios (docs/twin.md "The policy"), and a retrain that would replace it did not
+pass the gate (not worse than lp on cost anywhere, better somewhere); a policy measured worse
+than lp is something an operator opts into, not a default.
 
 A checkpoint whose recorded fixed weights differ from today's, or that records none
 (policy.fixed_weights_warnings), still loads: each difference is logged as a warning and
@@ -346,9 +353,12 @@ def load_policy(settings: Settings, *, shipped: Path | None = None) -> PolicyRun
     """
     placement = settings.placement
     choice = settings.policy.checkpoint.strip()
-    if not settings.policy.enabled or choice.lower() == "none":
+    if not settings.policy.enabled:
         return PolicyRuntime.fixed(placement, why=" (policy disabled in settings)")
-    if not choice:
+    if choice.lower() == "none":
+        return PolicyRuntime.fixed(placement, why=" (policy.checkpoint = \"none\"; set it to "
+                                   "\"shipped\" or a path for a learned policy)")
+    if choice.lower() in ("", "shipped"):
         from broker.placement.policy import DEFAULT_CHECKPOINT
 
         path = shipped or DEFAULT_CHECKPOINT

@@ -65,7 +65,7 @@ async def _runtime(url: str, tmp_path: Path, **policy: object) -> Runtime:
 
 
 async def test_decision_records_policy_and_explain_attributes(url: str, tmp_path: Path) -> None:
-    rt = await _runtime(url, tmp_path)
+    rt = await _runtime(url, tmp_path, checkpoint="shipped")
     try:
         admin = await ensure_admin_token(rt)
         await install_policy(rt)

@@ -65,7 +65,10 @@ async def _token(c: httpx.AsyncClient, admin: H, tenant: str, role: str | None =
 
 @pytest.fixture
 async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:  # noqa: F811
-    rt = build_runtime(load_settings(store={"url": db_url}, data_dir=tmp_path))
+    # The shipped checkpoint, for the test that installs a learned policy (the default is
+    # the fixed weights, which record no observation).
+    rt = build_runtime(load_settings(store={"url": db_url}, data_dir=tmp_path,
+                                     policy={"checkpoint": "shipped"}))
     admin_token = await ensure_admin_token(rt)
     admin = {"Authorization": f"Bearer {admin_token}"}
     transport = httpx.ASGITransport(app=create_app(rt))

@@ -45,10 +45,24 @@ def _snapshot(n: int = 3) -> FederationSnapshot:
 
 @pytest.fixture(scope="module")
 def shipped() -> PolicyRuntime:
-    return load_policy(_settings())
+    return load_policy(_settings(checkpoint="shipped"))
 
 
-def test_default_loads_the_shipped_checkpoint(shipped: PolicyRuntime) -> None:
+def test_default_is_the_fixed_weights() -> None:
+    """The live default places with lp's fixed weights (policy_runtime's docstring says why)."""
+    rt = load_policy(_settings())
+    assert rt.model is None
+    assert rt.decide(_snapshot()).action == PolicyAction(headroom=0.8,
+                                                         latency_weight_usd_per_ms=0.002)
+    assert 'policy.checkpoint = "none"' in rt.describe()
+
+
+def test_empty_checkpoint_still_means_the_shipped_one() -> None:
+    rt = load_policy(_settings(checkpoint=""))
+    assert rt.checkpoint == str(DEFAULT_CHECKPOINT)
+
+
+def test_shipped_loads_the_packaged_checkpoint(shipped: PolicyRuntime) -> None:
     assert shipped.source == "checkpoint"
     assert shipped.checkpoint == str(DEFAULT_CHECKPOINT)
     assert len(shipped.sha256) == 12
@@ -100,7 +114,7 @@ def test_operator_checkpoint_loads(tmp_path: Path) -> None:
 def test_shipped_missing_warns_and_uses_fixed(tmp_path: Path,
                                               caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        rt = load_policy(_settings(), shipped=tmp_path / "absent.pt")
+        rt = load_policy(_settings(checkpoint="shipped"), shipped=tmp_path / "absent.pt")
     assert rt.model is None
     assert "absent.pt is missing" in caplog.text
 
@@ -171,7 +185,7 @@ def test_model_for_finds_the_checkpoint_or_says_why(tmp_path: Path,
 
 
 def test_reference_batch_is_the_recent_mean_and_whatifs_do_not_count() -> None:
-    rt = load_policy(_settings())
+    rt = load_policy(_settings(checkpoint="shipped"))
     small, big = _snapshot(1), _snapshot(9)
     rt.decide(small)
     rt.decide(big, remember=False)  # a what-if: not part of the usual batch
