@@ -299,6 +299,10 @@ class Pool:
     _free: Resources | None = field(default=None, init=False, repr=False, compare=False)
     _figures: tuple[float, ...] | None = field(default=None, init=False, repr=False,
                                                compare=False)
+    _empty: tuple[NodeState, ...] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
+    _reports_workloads: bool | None = field(default=None, init=False, repr=False,
+                                            compare=False)
 
     @property
     def provisioned(self) -> Resources:
@@ -331,6 +335,31 @@ class Pool:
             out = (n.cpu, n.memory_gib, float(n.gpu), f.cpu, f.memory_gib, float(f.gpu),
                    float(self.can_add_nodes))
             object.__setattr__(self, "_figures", out)
+        return out
+
+    @property
+    def empty_nodes(self) -> tuple[NodeState, ...]:
+        """The nodes scale-in may remove: ready, not leaving, on their idle timer, with
+        nothing requested and every GPU free (placement/decisions.py `scale_in`); computed
+        once per pool value, as `free` is (the planner asks every pool every epoch)."""
+        out = self._empty
+        if out is None:
+            gpus = self.node.gpu
+            out = tuple(n for n in self.node_states
+                        if n.idle_since_s is not None and not n.booting
+                        and n.leaving is NodeLeaving.NO and n.cpu_allocated <= 1e-9
+                        and n.gpu_free >= gpus)
+            object.__setattr__(self, "_empty", out)
+        return out
+
+    @property
+    def reports_workloads(self) -> bool:
+        """Whether any node says which workloads run on it (`NodeState.workloads`): the
+        consolidation rules that read them skip a pool without (computed once per value)."""
+        out = self._reports_workloads
+        if out is None:
+            out = any(n.workloads for n in self.node_states)
+            object.__setattr__(self, "_reports_workloads", out)
         return out
 
 

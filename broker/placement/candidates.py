@@ -301,7 +301,9 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                          for o in options], dtype=np.float64)
         compute = compute * paid[None, :]
         idle_s = np.array([action.for_pool("idle_timeout_s", o.cluster.name, o.pool.name,
-                                           node_idle_s) for o in options], dtype=np.float64)
+                                           node_idle_s) for o in options], dtype=np.float64) \
+            if action.idle_timeout_s or action.pool_idle_timeout_s \
+            else np.full(len(options), float(node_idle_s))
         node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s + idle_s)
     cost = np.where(feasible, compute + egress + latency + bias, np.inf)
     domains = tuple(

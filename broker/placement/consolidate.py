@@ -212,7 +212,7 @@ def _lp_nodes(p: Pool, rule: _LpRule, max_nodes: int,
     The restartable test goes first: it is a set lookup and rules out the nodes that run
     services (nearly all), so the pool's usable nodes are listed only when one qualifies.
     """
-    if threshold <= 0:
+    if threshold <= 0 or not p.reports_workloads:
         return ()
     movable = rule.movable
     cands = [n for n in p.node_states if n.workloads and movable.issuperset(n.workloads)

@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from broker.domain import (
     Cluster,
     FederationSnapshot,
-    NodeLeaving,
     Placement,
     PolicyAction,
     Pool,
@@ -193,14 +192,13 @@ def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
         for p in c.pools:
             if fixed_pool(c, p) or (c.name, p.name) in growing or not p.node_states:
                 continue
+            empty = p.empty_nodes
+            if not empty:
+                continue
             timer, warm = default, 0
             if action is not None:
                 timer = max(0.0, action.for_pool("idle_timeout_s", c.name, p.name, default))
                 warm = max(0, int(action.for_pool("warm_nodes", c.name, p.name, 0.0)))
-            empty = [n for n in p.node_states
-                     if n.idle_since_s is not None and not n.booting
-                     and n.leaving is NodeLeaving.NO and n.cpu_allocated <= 1e-9
-                     and n.gpu_free >= p.node.gpu]
             idle = [n for n in empty if now - (n.idle_since_s or 0.0) >= timer - 1e-9]
             if len(empty) - len(idle) < warm:  # the warm pool: keep the newest idle ones
                 idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))

@@ -332,3 +332,19 @@ def test_pool_rows_read_idle_nodes_and_leave_fixed_sites_out() -> None:
     assert m5[col["idle_age_frac"]] == pytest.approx(200.0 / IDLE_TIMEOUT_MAX_S)  # mean age
     assert c5[col["idle_node_frac"]] == 0.0
     assert c5[col["idle_age_frac"]] == 0.0
+
+
+def test_a_changed_pool_is_read_afresh_by_scale_in() -> None:
+    """Pool.empty_nodes is computed once per pool value: a copy with a node busy again (as
+    the merge makes when a replica lands) is read anew, never the first value's answer."""
+    states = (_idle("n1", NOW - 300), _idle("n2", NOW - 200), _idle("n3", NOW - 100))
+    p = replace(pool("m5", price=0.4, nodes=3, max_nodes=8), node_states=states)
+    snap = FederationSnapshot(now_s=NOW, clusters=(_cluster("a", p),), pending=())
+    [first] = plan_epoch(snap, PolicyAction(), CFG).scale_in
+    assert first.nodes == ("n1", "n2")
+    assert len(p.empty_nodes) == 3
+    busy = replace(p, node_states=(NodeState("n1", cpu_allocated=1.0), *states[1:]))
+    [then] = plan_epoch(replace(snap, clusters=(_cluster("a", busy),)), PolicyAction(),
+                        CFG).scale_in
+    assert then.nodes == ("n2",)
+    assert [n.name for n in busy.empty_nodes] == ["n2", "n3"]
