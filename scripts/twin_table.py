@@ -34,9 +34,10 @@ def _cell(value: object, ci: object) -> str:
 
 
 def bench(scenario: Path, seeds: int, skyfed: str,
-          policies: str | None = None) -> dict[str, object]:
+          policies: str | None = None, jobs: int | None = None) -> dict[str, object]:
     toml = scenario / "scenario.toml" if scenario.is_dir() else scenario
     extra = ["--policies", policies] if policies else []
+    extra += ["--jobs", str(jobs)] if jobs else []
     out = subprocess.run([skyfed, "bench", "twin", "--scenario", str(toml), "--seeds",
                           str(seeds), "--json", "--no-progress", *extra], check=True,
                          capture_output=True, text=True)
@@ -73,8 +74,9 @@ def main() -> int:
     ap.add_argument("--policies", help="comma-separated policies (default: all the twin knows)")
     ap.add_argument("--skyfed", default=str(Path(sys.executable).with_name("skyfed")))
     ap.add_argument("--save", type=Path, help="also write the bench JSON documents here")
+    ap.add_argument("--jobs", type=int, help="bench twin's --jobs (default: its own)")
     args = ap.parse_args()
-    docs = [bench(path, seeds, args.skyfed, args.policies)
+    docs = [bench(path, seeds, args.skyfed, args.policies, args.jobs)
             for path, seeds in (_seeds_of(s, args.seeds) for s in args.scenarios)]
     if args.save:
         args.save.write_text(json.dumps(docs, indent=1))
