@@ -247,7 +247,12 @@ def observed_pools(pools: Sequence[Pool], inventory: Inventory, now_s: float
 # ---- demand ----------------------------------------------------------------------------
 def decayed(rate: float, at_s: float, now_s: float, tau_s: float) -> float:
     """An EWMA rate last updated at `at_s`, as of `now_s` (no new events in between)."""
-    return rate * math.exp(-max(0.0, now_s - at_s) / tau_s)
+    return rate * decay_factor(at_s, now_s, tau_s)
+
+
+def decay_factor(at_s: float, now_s: float, tau_s: float) -> float:
+    """What `decayed` multiplies a rate by (one factor for several rates of one time)."""
+    return math.exp(-max(0.0, now_s - at_s) / tau_s)
 
 
 def demand_rate(events: Iterable[tuple[float, float]], now_s: float, tau_s: float) -> float:

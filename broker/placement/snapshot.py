@@ -328,17 +328,24 @@ def _release_gpus(states: tuple[NodeState, ...], gpus: int, per_node: int
 
 @dataclass(slots=True, eq=False)
 class MergeMemo:
-    """What the last merge made of each pool, and from what. Only speed, never a value: a
-    shell that merges every epoch (the twin) may pass the same memo to each `merge`, and a
-    pool whose every input is the same object, or an equal value, as at the last merge is
-    that merge's `Pool` again, an equal value (so the planner's per-pool caches,
-    `Pool.free`, carry over too); the network maps (RTT, egress, bandwidth) given as the
-    same mapping objects as last time, with no agent measurement, are last merge's copies
-    again (so the caller must not change a mapping it passed). The result is the merge
+    """What the last merge made of each pool and cluster, and from what. Only speed, never a
+    value: a shell that merges every epoch (the twin) may pass the same memo to each `merge`,
+    and a pool whose every input is the same object, or an equal value, as at the last merge
+    is that merge's `Pool` again, an equal value (so the planner's per-pool caches,
+    `Pool.free`, carry over too); a member whose every pool input is unchanged (`Member` and
+    its inventory's `observations` mapping the same objects, reclaims, reclaim rate, replica
+    counts and released requests equal; no synced price or telemetry about it) keeps last
+    merge's pools without looking at each (its provenance, quota and health are merged
+    afresh: their ages move with `now_s`); the network maps (RTT, egress, bandwidth) given as
+    the same mapping objects as last time, with no agent measurement, are last merge's copies
+    again. So the caller must not change a mapping it passed. The result is the merge
     without a memo."""
 
     pools: dict[Pair, tuple[tuple[object, ...], Pool]] = field(default_factory=dict)
     maps: tuple[tuple[object, ...], NetworkMaps] | None = None
+    # Per member name: its inputs, its merged pools and the source of its pricing provenance.
+    clusters: dict[str, tuple[tuple[object, ...], tuple[Pool, ...], str]] = field(
+        default_factory=dict)
 
 
 def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
@@ -348,13 +355,44 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
     now = inputs.now_s
     prov: dict[str, Provenance] = {}
     inv = inputs.inventory.get(c.name)
-    by_pool: dict[str, list[ObservedNode]] = {}
     if inv is not None:
-        by_pool, _stray = nodes_by_pool(c.pools, inv)
         prov["observed"] = _prov("inventory", now, inv.observed_s, settings.inventory_max_age_s)
     usage = inputs.usage.get(c.name)
     if usage is not None:
         prov["telemetry"] = _prov("telemetry", now, usage.read_s, settings.telemetry_max_age_s)
+    key = _cluster_inputs(member, inv, usage, inputs) if memo is not None else None
+    kept = memo.clusters.get(c.name) if memo is not None and key is not None else None
+    if kept is not None and key is not None and _same_inputs(kept[0], key):
+        # Every price is the registration's (no synced one): one source, one age.
+        pools = kept[1]
+        prov["pricing"] = Provenance(kept[2], _age(now, member.registered_s))
+    else:
+        pools, priced = _merged_pools(member, inv, usage, inputs, settings, memo)
+        prov["pricing"] = _worst(priced) if priced else \
+            Provenance("registration", _age(now, member.registered_s))
+        if memo is not None and key is not None \
+                and (inv is None or all(p.name in inv.observations for p in c.pools)):
+            memo.clusters[c.name] = (key, pools, prov["pricing"].source)
+    vcpu, gpu, stale, prov["quota"] = quota_of(c, pools, member, inputs, settings)
+    healthy, prov["health"] = _health(member, inputs, settings)
+    rtt_ages = [_age(now, r.measured_s) for r in inputs.rtts if r.site == c.name]
+    if rtt_ages:
+        prov["rtt"] = Provenance("agent", min(rtt_ages),
+                                 stale=min(rtt_ages) > settings.rtt_max_age_s)
+    return replace(c, pools=pools, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
+                   healthy=healthy, provenance=prov,
+                   allowed_tenants=None if member.operator
+                   else frozenset({member.tenant}) | member.lent_to)
+
+
+def _merged_pools(member: Member, inv: Inventory | None, usage: UsageReading | None,
+                  inputs: MergeInputs, settings: MergeSettings, memo: MergeMemo | None
+                  ) -> tuple[tuple[Pool, ...], list[Provenance]]:
+    """The member's pools with every reading applied, and the provenance of each price."""
+    c = member.cluster
+    by_pool: dict[str, list[ObservedNode]] = {}
+    if inv is not None:
+        by_pool, _stray = nodes_by_pool(c.pools, inv)
     out: list[Pool] = []
     priced: list[Provenance] = []
     registered: dict[str, Provenance] = {}
@@ -373,19 +411,28 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
         if key is not None and memo is not None:
             memo.pools[pair] = (key, merged)
         out.append(merged)
-    pools = tuple(out)
-    prov["pricing"] = _worst(priced) if priced else \
-        Provenance("registration", _age(now, member.registered_s))
-    vcpu, gpu, stale, prov["quota"] = quota_of(c, pools, member, inputs, settings)
-    healthy, prov["health"] = _health(member, inputs, settings)
-    rtt_ages = [_age(now, r.measured_s) for r in inputs.rtts if r.site == c.name]
-    if rtt_ages:
-        prov["rtt"] = Provenance("agent", min(rtt_ages),
-                                 stale=min(rtt_ages) > settings.rtt_max_age_s)
-    return replace(c, pools=pools, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
-                   healthy=healthy, provenance=prov,
-                   allowed_tenants=None if member.operator
-                   else frozenset({member.tenant}) | member.lent_to)
+    return tuple(out), priced
+
+
+def _cluster_inputs(member: Member, inv: Inventory | None, usage: UsageReading | None,
+                    inputs: MergeInputs) -> tuple[object, ...] | None:
+    """Everything `_merged_pools` reads about `member` but the clock, for `MergeMemo`
+    (None: not memoised: a synced price or telemetry may be about it). The reclaim rate
+    moves with `now_s` only where a pool was reclaimed: its divisor is then part of it."""
+    if inputs.prices or usage is not None:
+        return None
+    c = member.cluster
+    name = c.name
+    obs = reclaims = None
+    hours = 0.0  # the reclaim rates' divisor (`reclaim_rate_per_hour`), where one counts
+    if inv is not None:
+        obs, reclaims = inv.observations, inv.reclaims
+        if any(reclaims.values()):
+            hours = max((inputs.now_s - inv.since_s) / 3600.0, 1.0)
+    released = inputs.released
+    return (member, obs, reclaims, hours,
+            tuple([inputs.replicas.get((name, p.name)) for p in c.pools]),
+            tuple([released.get((name, p.name)) for p in c.pools]) if released else None)
 
 
 def _pool_inputs(p: Pool, pair: Pair, inv: Inventory | None, usage: UsageReading | None,

@@ -15,6 +15,8 @@ one of its booting nodes came up; otherwise its last `PoolObservation` goes into
 it is, and a pool none of whose inputs changed (its reading, registration, price, replica
 counts, reclaim rate) is last epoch's merged `Pool` again (placement/snapshot.py `MergeMemo`;
 the demand rates, which decay every epoch, sit beside the pools in `FederationSnapshot.demand`).
+A cluster whose registration and every pool reading are unchanged comes as last epoch's
+`Member` and observations mapping, the very objects, so the merge keeps its pools whole.
 `SimConfig.reuse_observations = False` reads every pool and merges every pool afresh every
 epoch (the reference the tests compare against).
 """
@@ -46,7 +48,7 @@ from broker.placement.observed import (
     Inventory,
     ObservedNode,
     PoolObservation,
-    decayed,
+    decay_factor,
     node_state,
     observe,
 )
@@ -131,12 +133,13 @@ def registered(c: SimCluster, now: float) -> Cluster:
                    quota_vcpu=c.quota_vcpu, healthy=c.healthy(now))
 
 
-def registration(c: SimCluster, now: float) -> Cluster:
-    """`registered(c, now)`, the same value as last time while nothing in it changed."""
+def registration(c: SimCluster, now: float) -> Member:
+    """`registered(c, now)` as the merge's member, the same object as last time while
+    nothing in it changed (so the merge's `MergeMemo` may keep the member's pools)."""
     key = (c.healthy(now), c.quota_vcpu, tuple((p.nodes, p.price_factor) for p in c.pools))
     if c.registered is not None and c.registered[0] == key:
         return c.registered[1]
-    out = registered(c, now)
+    out = Member(cluster=registered(c, now))
     c.registered = (key, out)
     return out
 
@@ -169,6 +172,21 @@ def pool_observation(c: SimCluster, p: SimPool, pool: Pool, now: float, *,
     up_next = min((n.ready_at for n in p.node_list if n.ready_at > now), default=math.inf)
     p.observed = (p.version, up_next, reading)
     return reading
+
+
+def observations(c: SimCluster, pools: Sequence[Pool], now: float, *,
+                 reuse: bool = True) -> dict[str, PoolObservation]:
+    """Each pool's `pool_observation` (`pools`: their registrations) by pool name: the same
+    mapping object as last time while every reading is the same (the merge's `MergeMemo`
+    then keeps the member's pools without looking at each). Nobody changes it."""
+    readings = tuple([pool_observation(c, p, pool, now, reuse=reuse)
+                      for p, pool in zip(c.pools, pools, strict=True)])
+    kept = c.observations
+    if reuse and kept is not None and all(a is b for a, b in zip(kept[0], readings, strict=True)):
+        return kept[1]
+    out = {p.name: r for p, r in zip(c.pools, readings, strict=True)}
+    c.observations = (readings, out)
+    return out
 
 
 def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: bool
@@ -232,15 +250,16 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     tau = engine.config.demand_tau_s
     reuse = engine.config.reuse_observations
     clusters = list(engine.clusters.values())
-    members = tuple(Member(cluster=registration(c, now)) for c in clusters)
+    members = tuple(registration(c, now) for c in clusters)
     inventory = {c.name: Inventory(
         observed_s=now, reclaims={p.name: p.reclaims for p in c.pools}, since_s=0.0,
-        observations={p.name: pool_observation(c, p, pool, now, reuse=reuse)
-                      for p, pool in zip(c.pools, m.cluster.pools, strict=True)})
+        observations=observations(c, m.cluster.pools, now, reuse=reuse))
         for c, m in zip(clusters, members, strict=True)}
-    demand = {(c.name, p.name): (decayed(p.demand_cpu_per_s, p.demand_at_s, now, tau),
-                                 decayed(p.demand_gpu_per_s, p.demand_at_s, now, tau))
-              for c in clusters for p in c.pools}
+    demand: dict[Pair, tuple[float, float]] = {}
+    for c in clusters:
+        for p in c.pools:  # one factor for both rates: `decayed`'s very numbers
+            f = decay_factor(p.demand_at_s, now, tau)
+            demand[(c.name, p.name)] = (p.demand_cpu_per_s * f, p.demand_gpu_per_s * f)
     pair_rtt, gbps = engine.network
     return MergeInputs(
         now_s=now, members=members,

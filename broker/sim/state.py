@@ -17,9 +17,10 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from broker.domain import Cluster, NodeState, Placement, Resources, Workload
+from broker.domain import NodeState, Placement, Resources, Workload
 from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
 from broker.placement.observed import ObservedNode, PoolObservation, decayed
+from broker.placement.snapshot import Member
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
 
 
@@ -302,7 +303,9 @@ class SimCluster:
     partitioned_until: float = -1.0  # partition: unreachable for new placements
     quota_vcpu: float | None = None
     # The snapshot's registration of this cluster and what it was built from (sim/snapshot.py).
-    registered: tuple[tuple[object, ...], Cluster] | None = None
+    registered: tuple[tuple[object, ...], Member] | None = None
+    # The snapshot's pool readings and the mapping made of them (sim/snapshot.py).
+    observations: tuple[tuple[PoolObservation, ...], dict[str, PoolObservation]] | None = None
 
     @property
     def name(self) -> str:

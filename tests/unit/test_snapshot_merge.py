@@ -434,6 +434,54 @@ def test_a_memoised_merge_equals_a_fresh_one_whichever_input_changes() -> None:
     assert kept_maps > 0  # ... and unchanged network maps the same copies
 
 
+def test_a_member_kept_whole_by_the_memo_equals_a_fresh_merge_whichever_input_changes() -> None:
+    """`MergeMemo` keeps a member's pools without looking at each while its `Member` and
+    observations are the same objects: every other input of its pools, changed alone (and a
+    new `Inventory` with the same readings, or a later clock, which must not stop it), must
+    give what a merge without the memo gives, provenance ages included."""
+    p, gpu = pool(), pool("p4", gpu=8, itype="p4d.24xlarge")
+    reg = member(cluster("aws-use1", p, gpu), price_sources={"p4": "catalog"})
+    nodes = [ObservedNode(name=f"n{i}", pool=q.name, allocatable=q.node,
+                          allocated=Resources(1.0, 2.0, 3 if q.node.gpu else 0))
+             for i, q in enumerate((p, p, gpu))]
+    reading = {q.name: observe(q, [n for n in nodes if n.pool == q.name]) for q in (p, gpu)}
+    inv = Inventory(observed_s=NOW, reclaims={"m5": 0}, since_s=0.0, observations=reading)
+    base = MergeInputs(now_s=NOW, members=(reg,), inventory={"aws-use1": inv})
+    reclaimed = replace(base, inventory={"aws-use1": replace(inv, reclaims={"m5": 2})})
+    variants = [
+        replace(base, now_s=NOW + 60.0),  # kept: no reclaim, only the ages move
+        replace(base, inventory={"aws-use1": replace(inv, observed_s=NOW - 5.0)}),  # kept
+        replace(base, inventory={"aws-use1": replace(inv, reclaims={"p4": 1})}),
+        replace(base, inventory={"aws-use1": replace(inv, since_s=NOW - 7200.0)}),
+        reclaimed, replace(reclaimed, now_s=NOW + 3600.0),
+        replace(reclaimed, inventory={"aws-use1": replace(inv, reclaims={"p4": 2})}),
+        replace(reclaimed, inventory={"aws-use1": replace(inv, reclaims={"m5": 2},
+                                                         since_s=NOW - 7200.0)}),
+        replace(base, replicas={("aws-use1", "p4"): (2, 1)}),
+        replace(base, replicas={("aws-use1", "p4"): (2, 0)}),
+        replace(base, released={("aws-use1", "m5"): Resources(1.0, 2.0, 0)}),
+        replace(base, usage={"aws-use1": UsageReading(NOW, {"p4": Resources(9.0, 1.0)})}),
+        replace(base, prices={("aws", "us-east-1", "p4d.24xlarge"): PriceReading(
+            offer(30.0), NOW - 10.0)}),
+        replace(base, members=(replace(reg, registered_s=NOW - 9.0),)),
+        replace(base, members=(replace(reg, price_sources={"m5": "catalog", "p4": "catalog"}),)),
+        replace(base, members=(replace(reg, cluster=cluster(
+            "aws-use1", replace(p, price_usd_per_hour=0.5), gpu)),)),
+        replace(base, inventory={"aws-use1": replace(inv, observations={
+            **reading, "p4": observe(gpu, [replace(nodes[2], allocated=Resources())])})})]
+    steps = [base] + [x for v in variants for x in (v, base)]  # one input changed at a time
+    steps += [reclaimed] + [x for v in variants[5:8] for x in (v, reclaimed)]  # reclaims kept
+    memo = MergeMemo()
+    whole = 0
+    last: tuple[Pool, ...] = ()
+    for i, inputs in enumerate(steps):
+        got = merge(inputs, SETTINGS, memo=memo)
+        assert got == merge(inputs, SETTINGS), f"step {i}"
+        whole += got.clusters[0].pools is last
+        last = got.clusters[0].pools
+    assert whole > 2  # the member's pools were kept whole (base after base-like steps)
+
+
 def test_data_named_by_its_cluster_gets_the_catalogs_egress_price() -> None:
     # The live snapshot's egress table (network.batch_maps) priced only data written as
     # `provider:region`; data named by a member cluster fell to the planner's fallback
