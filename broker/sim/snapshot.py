@@ -24,8 +24,10 @@ epoch (the reference the tests compare against).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import compress
 from typing import TYPE_CHECKING
 
 from broker.domain import (
@@ -53,7 +55,7 @@ from broker.placement.observed import (
     observe,
 )
 from broker.placement.snapshot import Member, MergeInputs, MergeSettings, merge
-from broker.sim.state import NodeKey, SimCluster, SimPool, WorkloadState
+from broker.sim.state import Node, NodeReading, SimCluster, SimPool, WorkloadState
 
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
@@ -167,10 +169,9 @@ def pool_observation(c: SimCluster, p: SimPool, pool: Pool, now: float, *,
     cached = p.observed
     if reuse and cached is not None and cached[0] == p.version and now < cached[1]:
         return cached[2]
-    nodes, states = _read_nodes(c, p, pool, now, reuse=reuse)
+    nodes, states, ready_at = _read_nodes(c, p, pool, now, reuse=reuse)
     reading = observe(pool, nodes, states)
-    up_next = min((n.ready_at for n in p.node_list if n.ready_at > now), default=math.inf)
-    p.observed = (p.version, up_next, reading)
+    p.observed = (p.version, min(filter(now.__lt__, ready_at), default=math.inf), reading)
     return reading
 
 
@@ -189,33 +190,51 @@ def observations(c: SimCluster, pools: Sequence[Pool], now: float, *,
     return out
 
 
+# What `_read_nodes` compares of a node (`NodeKey`), read in C, node after node.
+_NODE_KEY = operator.attrgetter("used_cpu", "used_mem", "gpu_free", "idle_since", "prewarmed",
+                                "underused_since", "cordoned")
+_READY_AT = operator.attrgetter("ready_at")
+
+
 def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: bool
-                ) -> tuple[list[ObservedNode], list[NodeState]]:
-    """`observed_nodes` and each one's `node_state`; a node whose every observed value is as
-    at the pool's last reading, at the same index (its name), reuses what was made of it
-    then (`SimPool.node_memo`, one entry per index: a compare, no hashing per node)."""
-    memo = p.node_memo if reuse else []
-    kept = len(memo)
-    fresh: list[tuple[NodeKey, ObservedNode, NodeState]] = []
-    keep = fresh.append
-    gpus, itype, prefix = p.node.gpu, p.spec.instance_type, f"{c.name}/{p.name}/"
-    for i, n in enumerate(p.node_list):
-        up = n.ready_at <= now
-        key = (i, up, n.used_cpu, n.used_mem, n.gpu_free, n.idle_since, n.prewarmed,
-               n.underused_since, n.cordoned)
-        if i < kept and (got := memo[i])[0] == key:
-            keep(got)
-            continue
-        on = ObservedNode(
-            name=prefix + str(i), pool=p.name, allocatable=p.node,
-            allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
-            instance_type=itype, ready=up, ever_ready=up,
-            taints=DISRUPTED if n.cordoned else (),
-            idle_since_s=n.idle_since, prewarmed=n.prewarmed,
-            underused_since_s=n.underused_since)
-        keep((key, on, node_state(pool, on)))
-    p.node_memo = fresh
-    return [f[1] for f in fresh], [f[2] for f in fresh]
+                ) -> tuple[list[ObservedNode], list[NodeState], list[float]]:
+    """`observed_nodes`, each one's `node_state`, and each one's `ready_at`. A node whose
+    every observed value (`NodeKey`, being up) is as at the pool's last reading, at the same
+    index (its name), reuses what was made of it then (`SimPool.node_memo`): the values are
+    read and compared in C (attrgetter, map), so a pool where few nodes changed costs little
+    Python per node."""
+    nodes = p.node_list
+    keys = list(map(_NODE_KEY, nodes))
+    ready_at = list(map(_READY_AT, nodes))
+    ups = list(map(now.__ge__, ready_at))
+    last = p.node_memo if reuse else None
+    observed: list[ObservedNode] = []
+    states: list[NodeState] = []
+    kept = 0
+    if last is not None:
+        kept = min(len(nodes), len(last.keys))
+        observed, states = last.observed[:kept], last.states[:kept]
+        changed = compress(range(kept), map(operator.or_, map(operator.ne, keys, last.keys),
+                                            map(operator.ne, ups, last.ups)))
+        for i in changed:
+            observed[i] = on = _observed_node(c, p, i, nodes[i], ups[i])
+            states[i] = node_state(pool, on)
+    for i in range(kept, len(nodes)):
+        on = _observed_node(c, p, i, nodes[i], ups[i])
+        observed.append(on)
+        states.append(node_state(pool, on))
+    p.node_memo = NodeReading(keys, ups, observed, states)
+    return observed, states, ready_at
+
+
+def _observed_node(c: SimCluster, p: SimPool, i: int, n: Node, up: bool) -> ObservedNode:
+    """Node `i` of `p` as `observed_nodes` reports it."""
+    return ObservedNode(
+        name=f"{c.name}/{p.name}/{i}", pool=p.name, allocatable=p.node,
+        allocated=Resources(n.used_cpu, n.used_mem, p.node.gpu - n.gpu_free),
+        instance_type=p.spec.instance_type, ready=up, ever_ready=up,
+        taints=DISRUPTED if n.cordoned else (), idle_since_s=n.idle_since,
+        prewarmed=n.prewarmed, underused_since_s=n.underused_since)
 
 
 def replica_counts(states: Iterable[WorkloadState]) -> dict[Pair, tuple[int, int]]:

@@ -29,9 +29,9 @@ class CapacityError(RuntimeError):
 
 
 _EPS = 1e-9
-# A node as the snapshot reads it: (index, ready, cpu, memory, free GPUs, idle since, prewarmed,
-# underused since, cordoned).
-NodeKey = tuple[int, bool, float, float, int, float | None, bool, float | None, bool]
+# A node as the snapshot reads it, but for being up: (cpu, memory, free GPUs, idle since,
+# prewarmed, underused since, cordoned).
+NodeKey = tuple[float, float, int, float | None, bool, float | None, bool]
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +58,17 @@ class Node:
                 and self.used_mem + mem <= node.memory_gib + _EPS and self.gpu_free >= gpus)
 
 
+@dataclass(slots=True, eq=False)
+class NodeReading:
+    """What the snapshot last read of a pool's nodes and made of them, per node index: the
+    values, whether each was up, its `ObservedNode` and `NodeState` (sim/snapshot.py)."""
+
+    keys: list[NodeKey]
+    ups: list[bool]
+    observed: list[ObservedNode]
+    states: list[NodeState]
+
+
 @dataclass(slots=True)
 class SimPool:
     spec: PoolSpec
@@ -76,9 +87,8 @@ class SimPool:
     # The snapshot's reading of the nodes: (version, valid until (a booting node's ready_at),
     # the reading); sim/snapshot.py owns it.
     observed: tuple[int, float, PoolObservation] | None = None
-    # Per node index: its last observed values and what the snapshot made of them
-    # (sim/snapshot.py).
-    node_memo: list[tuple[NodeKey, ObservedNode, NodeState]] = field(default_factory=list)
+    # The snapshot's last reading of the nodes, per index (sim/snapshot.py).
+    node_memo: NodeReading | None = None
     gpus_used: tuple[int, int] = (-1, 0)  # (version, GPUs in use then): `used_gpu`'s cache
     # (version, valid until) after the last idle-timer pass (sim/applying.py observe_idle).
     idle_seen: tuple[int, float] = (-1, -math.inf)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.domain import FederationSnapshot, PolicyAction
+from broker.domain import FederationSnapshot, Interconnect, PolicyAction, Resources
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.sim import snapshot as sim_snapshot
 from broker.sim.engine import Engine, SimConfig
-from broker.sim.scenario import Scenario, load_scenario
+from broker.sim.scenario import ClusterSpec, PoolSpec, Scenario, load_scenario
+from broker.sim.state import make_cluster
 from providers.catalog import Catalog
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
@@ -95,3 +96,36 @@ def _kept_pools(run: list[tuple[FederationSnapshot, EpochPlan]]) -> int:
 
 def _pool_count(run: list[tuple[FederationSnapshot, EpochPlan]]) -> int:
     return sum(len(c.pools) for snap, _ in run[1:] for c in snap.clusters)
+
+
+def test_a_pool_read_again_equals_a_fresh_reading_whichever_node_value_changes() -> None:
+    """`_read_nodes` keeps what it made of each node whose values and being up are as at
+    the last reading: each value a reading looks at, changed alone on one node (and nodes
+    coming up, added and removed), must give what a reading without the memo gives."""
+    spec = PoolSpec(name="p4", instance_type="p4d.24xlarge", node=Resources(96.0, 1152.0, 8),
+                    nodes=4, max_nodes=10, spot=False, price_usd_per_hour=32.0,
+                    interconnect=Interconnect.NVLINK_PAIRS)
+    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("a",),
+                                 lat=0.0, lon=0.0, pools=(spec,)))
+    p = c.pools[0]
+    pool = sim_snapshot.registration(c, 0.0).cluster.pools[0]
+    n = p.node_list[1]
+
+    def set_(attr: str, value: object) -> None:
+        setattr(n, attr, value)
+
+    changes = [
+        lambda: set_("used_cpu", 12.0), lambda: set_("used_mem", 64.0),
+        lambda: set_("gpu_free", 3), lambda: set_("idle_since", 50.0),
+        lambda: set_("prewarmed", True), lambda: set_("underused_since", 70.0),
+        lambda: set_("cordoned", True), lambda: set_("ready_at", 5000.0),  # booting again
+        lambda: p.add_nodes(2, 4000.0), lambda: p.node_list.remove(p.node_list[0]),
+        lambda: None]  # the booting nodes come up (the clock, below)
+    now = 100.0
+    sim_snapshot.pool_observation(c, p, pool, now)
+    for i, change in enumerate(changes):
+        change()
+        p.changed()
+        now = now + 100.0 if i < len(changes) - 1 else 6000.0
+        got = sim_snapshot.pool_observation(c, p, pool, now)
+        assert got == sim_snapshot.pool_observation(c, p, pool, now, reuse=False), f"change {i}"
