@@ -87,12 +87,21 @@ def node_name(c: SimCluster, p: SimPool, i: int) -> str:
     return f"{c.name}/{p.name}/{i}"
 
 
+def named_node(c: SimCluster, p: SimPool, name: str) -> Node | None:
+    """The node of `p` whose `node_name` is `name`, if any: the index read off the name's
+    end (each index has one name), not every node's name made and compared."""
+    index = name.rpartition("/")[2]
+    if not (index.isascii() and index.isdigit()):
+        return None
+    i = int(index)
+    return p.node_list[i] if i < len(p.node_list) and node_name(c, p, i) == name else None
+
+
 def scale_in(eng: Engine, si: PoolScaleIn) -> None:
     c, p = _pool(eng, si.cluster, si.pool)
     if c is None or p is None or c.spec.fixed:
         return
-    named = {node_name(c, p, i): n for i, n in enumerate(p.node_list)}
-    gone = [named[n] for n in si.nodes if n in named]
+    gone = [n for n in (named_node(c, p, name) for name in si.nodes) if n is not None]
     removed = 0
     drain = si.reason == "consolidate"
     for n in gone:
@@ -114,7 +123,7 @@ def replace_node(eng: Engine, r: NodeReplace) -> None:
     _, q = _pool(eng, r.cluster, r.target_pool)
     if c is None or p is None or q is None or c.spec.fixed:
         return
-    old = next((n for i, n in enumerate(p.node_list) if node_name(c, p, i) == r.node), None)
+    old = named_node(c, p, r.node)
     if old is None or old.cordoned or old.ready_at > eng.now or old.empty(p.node.gpu):
         return
     before = {id(n) for n in q.node_list}

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from broker.placement import queueing
 from broker.sim import physics
-from broker.sim.state import Group, Node, WorkloadState
+from broker.sim.state import Group, Node, SimPool, WorkloadState
 
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
@@ -72,6 +72,7 @@ class Metrics:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._dirty = True
+        self._all_pools: list[SimPool] | None = None
         self.cost_rate = self.cpu_used = self.cpu_prov = self.gpu_used = self.gpu_prov = 0.0
         self.cost_usd = self.cpu_used_s = self.cpu_prov_s = self.gpu_used_s = 0.0
         self.gpu_prov_s = self.egress_usd = 0.0
@@ -102,27 +103,32 @@ class Metrics:
 
     def _rates(self) -> None:
         cost = cpu_u = cpu_p = gpu_u = gpu_p = 0.0
-        for c in self.engine.clusters.values():
-            for p in c.pools:
-                # A pool's terms change only with its version or price (state.py).
-                kept = p.rates
-                if kept is None or kept[0] != p.version or kept[1] != p.price_factor:
-                    n = p.nodes
-                    gpus = p.node.gpu
-                    kept = (p.version, p.price_factor, (
-                        n * p.price_usd_per_hour, n * p.node.cpu, p.used_cpu,
-                        n * gpus if gpus else 0.0, p.used_gpu if gpus else 0))
-                    p.rates = kept
-                p_cost, p_cpu_p, p_cpu_u, p_gpu_p, p_gpu_u = kept[2]
-                cost += p_cost
-                cpu_p += p_cpu_p
-                cpu_u += p_cpu_u
-                if p.node.gpu:
-                    gpu_p += p_gpu_p
-                    gpu_u += p_gpu_u
+        for p in self._pools():
+            # A pool's terms change only with its version or price (state.py); a pool
+            # without GPUs has GPU terms 0.0 and 0, which leave the sums as they are.
+            kept = p.rates
+            if kept is None or kept[0] != p.version or kept[1] != p.price_factor:
+                n = p.nodes
+                gpus = p.node.gpu
+                kept = (p.version, p.price_factor, (
+                    n * p.price_usd_per_hour, n * p.node.cpu, p.used_cpu,
+                    n * gpus if gpus else 0.0, p.used_gpu if gpus else 0))
+                p.rates = kept
+            p_cost, p_cpu_p, p_cpu_u, p_gpu_p, p_gpu_u = kept[2]
+            cost += p_cost
+            cpu_p += p_cpu_p
+            cpu_u += p_cpu_u
+            gpu_p += p_gpu_p
+            gpu_u += p_gpu_u
         self.cost_rate, self.cpu_used, self.cpu_prov = cost / 3600.0, cpu_u, cpu_p
         self.gpu_used, self.gpu_prov = gpu_u, gpu_p
         self._dirty = False
+
+    def _pools(self) -> list[SimPool]:
+        """Every pool, cluster by cluster (the engine's clusters and pools never change)."""
+        if self._all_pools is None:
+            self._all_pools = [p for c in self.engine.clusters.values() for p in c.pools]
+        return self._all_pools
 
     def integrate(self, t0: float, t1: float) -> None:
         if self._dirty:

@@ -58,6 +58,10 @@ class Node:
                 and self.used_mem + mem <= node.memory_gib + _EPS and self.gpu_free >= gpus)
 
 
+def _ready_at(n: Node) -> float:
+    return n.ready_at
+
+
 @dataclass(slots=True, eq=False)
 class NodeReading:
     """What the snapshot last read of a pool's nodes and made of them, per node index: the
@@ -277,13 +281,13 @@ class SimPool:
         """Order nodes; each goes to the zone with the fewest nodes (zone-balanced groups)."""
         count = max(0, min(count, self.spec.max_nodes - self.nodes))
         self.version += 1
+        per_zone = [0] * max(1, self.zones)  # kept as nodes come: one count, not one a node
+        for n in self.node_list:
+            per_zone[n.zone % len(per_zone)] += 1
         for _ in range(count):
-            per_zone = [0] * max(1, self.zones)
-            for n in self.node_list:
-                per_zone[n.zone % len(per_zone)] += 1
             zone = per_zone.index(min(per_zone))
-            keys = [n.ready_at for n in self.node_list]
-            self.node_list.insert(bisect.bisect_right(keys, ready_at),
+            per_zone[zone] += 1
+            self.node_list.insert(bisect.bisect_right(self.node_list, ready_at, key=_ready_at),
                                   Node(ready_at, self.node.gpu, prewarmed, zone=zone,
                                        underused_since=ready_at))
         return count

@@ -5,8 +5,9 @@ Pools are made of nodes: only a node with nothing on it is idle and may go."""
 from __future__ import annotations
 
 from broker.domain import Resources
-from broker.sim.scenario import PoolSpec
-from broker.sim.state import Node, SimPool
+from broker.sim.applying import named_node, node_name
+from broker.sim.scenario import ClusterSpec, PoolSpec
+from broker.sim.state import Node, SimCluster, SimPool
 
 
 def _pool(n_nodes: int) -> SimPool:
@@ -56,3 +57,14 @@ def test_baseline_totals_replay_fixed_weight_lp() -> None:
     assert ts[-1] == 2400.0
     assert all(b >= a - 1e-9 for a, b in zip(tot[:-1, 0], tot[1:, 0], strict=True))
     assert abs(float(tot[-1, 0]) - float(cast(float, lp["cost_usd"]))) < 0.01
+
+
+def test_a_node_is_found_by_its_snapshot_name_and_nothing_else() -> None:
+    p = _pool(12)
+    c = SimCluster(spec=ClusterSpec(name="c", provider="aws", region="r", zones=(), lat=0.0,
+                                    lon=0.0, pools=(p.spec,)), pools=[p])
+    for i, n in enumerate(p.node_list):
+        assert named_node(c, p, node_name(c, p, i)) is n
+    for name in ("c/p/12", "c/p/01", "c/p/", "c/p/-1", "c/q/1", "d/p/1", "c/p/1 ", "c/p/²",
+                 "1", "x/c/p/1"):
+        assert named_node(c, p, name) is None, name
