@@ -48,7 +48,9 @@ Formulas (also in docs/twin.md):
 from __future__ import annotations
 
 import math
+import operator
 import statistics
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from broker.placement import queueing
@@ -58,6 +60,7 @@ from broker.sim.state import Group, Node, SimPool, WorkloadState
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
 
+_ZONE = operator.attrgetter("zone")
 METRIC_KEYS = (
     "utilization_cpu", "utilization_gpu", "cost_usd", "scale_out_response_s_p50",
     "scale_out_response_s_p95", "cross_zone_traffic_frac", "gpu_job_start_s_p50",
@@ -185,11 +188,9 @@ class Metrics:
     def _service_traffic(self, ws: WorkloadState, running: list[Group]) -> tuple[float, float]:
         """(bytes/s, cross-zone bytes/s) of a service: peer traffic plus routed user traffic."""
         eng = self.engine
-        zones_of: dict[str, dict[int, int]] = {}
-        for g in running:
-            per = zones_of.setdefault(g.cluster, {})
-            for node in g.nodes:
-                per[node.zone] = per.get(node.zone, 0) + 1
+        zones_of: dict[str, Counter[int]] = {}
+        for g in running:  # replicas per zone, counted in C (zones in the order first met)
+            zones_of.setdefault(g.cluster, Counter()).update(map(_ZONE, g.nodes))
         n = sum(sum(z.values()) for z in zones_of.values())
         if n == 0:
             return 0.0, 0.0

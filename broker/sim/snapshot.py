@@ -177,16 +177,18 @@ def pool_observation(c: SimCluster, p: SimPool, pool: Pool, now: float, *,
 
 def observations(c: SimCluster, pools: Sequence[Pool], now: float, *,
                  reuse: bool = True) -> dict[str, PoolObservation]:
-    """Each pool's `pool_observation` (`pools`: their registrations) by pool name: the same
-    mapping object as last time while every reading is the same (the merge's `MergeMemo`
-    then keeps the member's pools without looking at each). Nobody changes it."""
-    readings = tuple([pool_observation(c, p, pool, now, reuse=reuse)
-                      for p, pool in zip(c.pools, pools, strict=True)])
+    """Each pool's `pool_observation` (`pools`: their registrations) by pool name. While no
+    pool of `c` changed (the same versions) and none of their booting nodes came up, the
+    very mapping of last time, without asking each pool (the merge's `MergeMemo` then keeps
+    the member's pools whole). Nobody changes it."""
+    versions = tuple([p.version for p in c.pools])
     kept = c.observations
-    if reuse and kept is not None and all(a is b for a, b in zip(kept[0], readings, strict=True)):
-        return kept[1]
-    out = {p.name: r for p, r in zip(c.pools, readings, strict=True)}
-    c.observations = (readings, out)
+    if reuse and kept is not None and kept[0] == versions and now < kept[1]:
+        return kept[2]
+    out = {p.name: pool_observation(c, p, pool, now, reuse=reuse)
+           for p, pool in zip(c.pools, pools, strict=True)}
+    c.observations = (versions, min([p.observed[1] if p.observed is not None else -math.inf
+                                     for p in c.pools], default=math.inf), out)
     return out
 
 

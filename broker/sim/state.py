@@ -205,16 +205,16 @@ class SimPool:
         node = self.node
         room = []
         big, n_cpu, n_mem = 1 << 30, node.cpu, node.memory_gib
-        for n in self.node_list:  # fit_count, inlined: this scans the pool per placement
-            if n.cordoned:
+        for n in self.node_list:  # fit_count, inlined (and its min()s): this scans the pool
+            if n.cordoned:            # per placement
                 continue
             k = big
-            if cpu > 0:
-                k = min(k, int((n_cpu - n.used_cpu) / cpu + _EPS))
-            if mem > 0:
-                k = min(k, int((n_mem - n.used_mem) / mem + _EPS))
-            if gpus > 0:
-                k = min(k, n.gpu_free // gpus)
+            if cpu > 0 and (f := int((n_cpu - n.used_cpu) / cpu + _EPS)) < k:
+                k = f
+            if mem > 0 and (f := int((n_mem - n.used_mem) / mem + _EPS)) < k:
+                k = f
+            if gpus > 0 and (f := n.gpu_free // gpus) < k:
+                k = f
             if k > 0:
                 room.append((n, k))
         room.sort(key=lambda nk: (nk[0].ready_at > now, nk[0].gpu_free if gpus else 0,
@@ -250,18 +250,25 @@ class SimPool:
 
     def vacate(self, n: Node, cpu: float, mem: float, gpus: int, now: float) -> None:
         self.version += 1
-        self.used_cpu = max(0.0, self.used_cpu - cpu)
-        self.used_mem = max(0.0, self.used_mem - mem)
+        # max(0.0, x) and the like, written out (what max/min return, ties included).
+        x = self.used_cpu - cpu
+        self.used_cpu = x if x > 0.0 else 0.0
+        x = self.used_mem - mem
+        self.used_mem = x if x > 0.0 else 0.0
         if n not in self.node_list:
             return  # the node is gone (reclaimed): nothing to give back
-        n.used_cpu = max(0.0, n.used_cpu - cpu)
-        n.used_mem = max(0.0, n.used_mem - mem)
-        n.gpu_free = min(self.node.gpu, n.gpu_free + gpus)
-        n.replicas = max(0, n.replicas - 1)
-        if n.empty(self.node.gpu) and n.ready_at <= now:
+        x = n.used_cpu - cpu
+        n.used_cpu = x if x > 0.0 else 0.0
+        x = n.used_mem - mem
+        n.used_mem = x if x > 0.0 else 0.0
+        per_node = self.node.gpu
+        free = n.gpu_free + gpus
+        n.gpu_free = free if free < per_node else per_node
+        n.replicas = n.replicas - 1 if n.replicas > 1 else 0
+        if n.empty(per_node) and n.ready_at <= now:
             n.idle_since = now
         if n.underused_since is None and self.utilization(n) < CA_UTILIZATION_THRESHOLD:
-            n.underused_since = max(now, n.ready_at)
+            n.underused_since = n.ready_at if n.ready_at > now else now
 
     def take_spread(self, gpus: int) -> list[Node] | None:
         """Take `gpus` GPUs across nodes (most free first); None if the pool lacks them."""
@@ -318,8 +325,9 @@ class SimCluster:
     quota_vcpu: float | None = None
     # The snapshot's registration of this cluster and what it was built from (sim/snapshot.py).
     registered: tuple[tuple[object, ...], Member] | None = None
-    # The snapshot's pool readings and the mapping made of them (sim/snapshot.py).
-    observations: tuple[tuple[PoolObservation, ...], dict[str, PoolObservation]] | None = None
+    # The snapshot's pool readings by pool: (the pools' versions then, valid until (a booting
+    # node's ready_at), the mapping) (sim/snapshot.py).
+    observations: tuple[tuple[int, ...], float, dict[str, PoolObservation]] | None = None
 
     @property
     def name(self) -> str:

@@ -129,3 +129,33 @@ def test_a_pool_read_again_equals_a_fresh_reading_whichever_node_value_changes()
         now = now + 100.0 if i < len(changes) - 1 else 6000.0
         got = sim_snapshot.pool_observation(c, p, pool, now)
         assert got == sim_snapshot.pool_observation(c, p, pool, now, reuse=False), f"change {i}"
+
+
+def test_a_clusters_readings_are_kept_only_while_no_pool_changed_and_none_came_up() -> None:
+    """`observations` hands the last mapping again while every pool's version is the same
+    and no booting node came up: a change to either pool, or the clock passing a booting
+    node's ready time, must give what a fresh reading gives."""
+    shape = Resources(8.0, 32.0, 0)
+    specs = tuple(PoolSpec(name=name, instance_type="m5.2xlarge", node=shape, nodes=2,
+                           max_nodes=10, spot=False, price_usd_per_hour=0.4)
+                  for name in ("a", "b"))
+    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("z",),
+                                 lat=0.0, lon=0.0, pools=specs))
+    pools = sim_snapshot.registration(c, 0.0).cluster.pools
+    a, b = c.pools
+    b.add_nodes(1, 500.0)  # booting until 500 s
+    now = 100.0
+
+    def same() -> dict[str, object]:
+        got = sim_snapshot.observations(c, pools, now)
+        assert got == sim_snapshot.observations(c, pools, now, reuse=False)
+        return dict(got)
+
+    first = same()
+    assert sim_snapshot.observations(c, pools, now) is sim_snapshot.observations(c, pools, now)
+    a.occupy(a.node_list[0], 2.0, 4.0, 0)
+    assert same() != first
+    b.occupy(b.node_list[1], 1.0, 1.0, 0)
+    same()
+    now = 600.0  # the booting node is up
+    assert same()["b"] != first["b"]
