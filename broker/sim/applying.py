@@ -32,6 +32,7 @@ effect:
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -80,6 +81,9 @@ def _pool(eng: Engine, cluster: str, pool: str) -> tuple[SimCluster | None, SimP
         return c, c.pool(pool)
     except KeyError:
         return c, None
+
+
+_READY_AT = operator.attrgetter("ready_at")
 
 
 def node_name(c: SimCluster, p: SimPool, i: int) -> str:
@@ -387,14 +391,16 @@ def observe_idle(eng: Engine) -> None:
             # Unchanged since its last pass and no node came up since: nothing to do.
             if p.idle_seen[0] == p.version and now < p.idle_seen[1]:
                 continue
-            idle = {id(n) for n in p.idle_nodes(now)}
+            gpus = p.node.gpu
             for n in p.node_list:
-                if id(n) not in idle:
-                    if n.idle_since is not None:
-                        n.idle_since = None
+                # Idle: ready with nothing on it (`SimPool.idle_nodes`; only idle_since moves
+                # here, which that rule does not read).
+                if n.ready_at <= now and n.empty(gpus):
+                    if n.idle_since is None:
+                        n.idle_since = now
                         p.changed()
-                elif n.idle_since is None:
-                    n.idle_since = now
+                elif n.idle_since is not None:
+                    n.idle_since = None
                     p.changed()
-            p.idle_seen = (p.version, min((n.ready_at for n in p.node_list if n.ready_at > now),
+            p.idle_seen = (p.version, min(filter(now.__lt__, map(_READY_AT, p.node_list)),
                                           default=math.inf))

@@ -138,7 +138,7 @@ def registered(c: SimCluster, now: float) -> Cluster:
 def registration(c: SimCluster, now: float) -> Member:
     """`registered(c, now)` as the merge's member, the same object as last time while
     nothing in it changed (so the merge's `MergeMemo` may keep the member's pools)."""
-    key = (c.healthy(now), c.quota_vcpu, tuple((p.nodes, p.price_factor) for p in c.pools))
+    key = (c.healthy(now), c.quota_vcpu, tuple([(p.nodes, p.price_factor) for p in c.pools]))
     if c.registered is not None and c.registered[0] == key:
         return c.registered[1]
     out = Member(cluster=registered(c, now))
@@ -279,8 +279,11 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     demand: dict[Pair, tuple[float, float]] = {}
     for c in clusters:
         for p in c.pools:  # one factor for both rates: `decayed`'s very numbers
-            f = decay_factor(p.demand_at_s, now, tau)
-            demand[(c.name, p.name)] = (p.demand_cpu_per_s * f, p.demand_gpu_per_s * f)
+            cpu, gpu = p.demand_cpu_per_s, p.demand_gpu_per_s
+            if cpu or gpu:
+                f = decay_factor(p.demand_at_s, now, tau)
+                cpu, gpu = cpu * f, gpu * f
+            demand[(c.name, p.name)] = (cpu, gpu)  # else 0.0 * a factor in [0, 1] (tau > 0)
     pair_rtt, gbps = engine.network
     return MergeInputs(
         now_s=now, members=members,
