@@ -104,17 +104,17 @@ class SimPool:
     # (version, price factor, its terms of the cost and utilisation rates) (sim/metrics.py).
     rates: tuple[int, float, tuple[float, float, float, float, int]] | None = None
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
+    # The spec's name and node shape, as plain attributes (read millions of times a day).
+    name: str = field(init=False, repr=False, compare=False)
+    node: Resources = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.name = self.spec.name
+        self.node = self.spec.node
 
     def changed(self) -> None:
         """A node or the node list changed: the snapshot must read the nodes again."""
         self.version += 1
-
-    @property
-    def node(self) -> Resources:
-        return self.spec.node
 
     @property
     def nodes(self) -> int:
@@ -243,7 +243,7 @@ class SimPool:
         n.gpu_free -= gpus
         n.replicas += 1
         n.idle_since = None
-        if self.utilization(n) >= CA_UTILIZATION_THRESHOLD:
+        if n.underused_since is not None and self.utilization(n) >= CA_UTILIZATION_THRESHOLD:
             n.underused_since = None
         self.used_cpu += cpu
         self.used_mem += mem
@@ -329,9 +329,10 @@ class SimCluster:
     # node's ready_at), the mapping) (sim/snapshot.py).
     observations: tuple[tuple[int, ...], float, dict[str, PoolObservation]] | None = None
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
+    name: str = field(init=False, repr=False, compare=False)  # the spec's
+
+    def __post_init__(self) -> None:
+        self.name = self.spec.name
 
     def healthy(self, now: float) -> bool:
         return now >= self.down_until and now >= self.partitioned_until
