@@ -51,6 +51,7 @@ import math
 import operator
 import statistics
 from collections import Counter
+from itertools import compress, count
 from typing import TYPE_CHECKING
 
 from broker.placement import queueing
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
     from broker.sim.engine import Engine
 
 _ZONE = operator.attrgetter("zone")
+_VERSION = operator.attrgetter("version")
+_PRICE_FACTOR = operator.attrgetter("price_factor")
 METRIC_KEYS = (
     "utilization_cpu", "utilization_gpu", "cost_usd", "scale_out_response_s_p50",
     "scale_out_response_s_p95", "cross_zone_traffic_frac", "gpu_job_start_s_p50",
@@ -76,6 +79,10 @@ class Metrics:
         self.engine = engine
         self._dirty = True
         self._all_pools: list[SimPool] | None = None
+        # After each pool (in `_pools` order): the versions and price factors the rates were
+        # summed from, and the five partial sums (`_rates`).
+        self._sums: tuple[list[int], list[float],
+                          list[tuple[float, float, float, float, float]]] | None = None
         self.cost_rate = self.cpu_used = self.cpu_prov = self.gpu_used = self.gpu_prov = 0.0
         self.cost_usd = self.cpu_used_s = self.cpu_prov_s = self.gpu_used_s = 0.0
         self.gpu_prov_s = self.egress_usd = 0.0
@@ -105,8 +112,22 @@ class Metrics:
         self._dirty = True
 
     def _rates(self) -> None:
-        cost = cpu_u = cpu_p = gpu_u = gpu_p = 0.0
-        for p in self._pools():
+        """The cost and utilisation rates: each sum runs pool after pool in one fixed order,
+        so up to the first pool whose terms may have changed (its version or price factor
+        moved) the partial sums are last time's, kept per pool: the sums resume there."""
+        pools = self._pools()
+        versions = list(map(_VERSION, pools))
+        factors = list(map(_PRICE_FACTOR, pools))
+        last = self._sums
+        start = 0
+        sums: list[tuple[float, float, float, float, float]] = []
+        if last is not None:
+            moved = map(operator.or_, map(operator.ne, versions, last[0]),
+                        map(operator.ne, factors, last[1]))
+            start = next(compress(count(), moved), len(pools))
+            sums = last[2][:start]
+        cost, cpu_p, cpu_u, gpu_p, gpu_u = sums[-1] if sums else (0.0, 0.0, 0.0, 0.0, 0.0)
+        for p in pools[start:]:
             # A pool's terms change only with its version or price (state.py); a pool
             # without GPUs has GPU terms 0.0 and 0, which leave the sums as they are.
             kept = p.rates
@@ -123,6 +144,8 @@ class Metrics:
             cpu_u += p_cpu_u
             gpu_p += p_gpu_p
             gpu_u += p_gpu_u
+            sums.append((cost, cpu_p, cpu_u, gpu_p, gpu_u))
+        self._sums = (versions, factors, sums)
         self.cost_rate, self.cpu_used, self.cpu_prov = cost / 3600.0, cpu_u, cpu_p
         self.gpu_used, self.gpu_prov = gpu_u, gpu_p
         self._dirty = False

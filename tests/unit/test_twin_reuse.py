@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +20,7 @@ from broker.domain import FederationSnapshot, Interconnect, PolicyAction, Resour
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.sim import snapshot as sim_snapshot
 from broker.sim.engine import Engine, SimConfig
+from broker.sim.metrics import Metrics
 from broker.sim.scenario import ClusterSpec, PoolSpec, Scenario, load_scenario
 from broker.sim.state import make_cluster
 from providers.catalog import Catalog
@@ -159,3 +161,35 @@ def test_a_clusters_readings_are_kept_only_while_no_pool_changed_and_none_came_u
     same()
     now = 600.0  # the booting node is up
     assert same()["b"] != first["b"]
+
+
+def test_the_rates_resumed_from_kept_partial_sums_equal_a_fresh_sum() -> None:
+    """`Metrics._rates` resumes its sums at the first pool whose version or price factor
+    moved: a change to any pool (first, middle, last; nodes, usage, price) must give the
+    very floats a sum from scratch gives."""
+    def spec(name: str, gpu: int) -> PoolSpec:
+        return PoolSpec(name=name, instance_type="x", node=Resources(8.0, 32.0, gpu), nodes=3,
+                        max_nodes=10, spot=False, price_usd_per_hour=0.37 + gpu)
+
+    clusters = {name: make_cluster(ClusterSpec(
+        name=name, provider="aws", region="r", zones=("z",), lat=0.0, lon=0.0,
+        pools=(spec("a", 0), spec("b", 4), spec("c", 0)))) for name in ("c1", "c2")}
+    engine = SimpleNamespace(clusters=clusters)
+    kept = Metrics(engine)  # type: ignore[arg-type]
+    pools = [p for c in clusters.values() for p in c.pools]
+
+    def rates(m: Metrics) -> tuple[float, ...]:
+        m._rates()
+        return (m.cost_rate, m.cpu_used, m.cpu_prov, m.gpu_used, m.gpu_prov)
+
+    rates(kept)
+    changes = [
+        lambda: pools[0].occupy(pools[0].node_list[0], 0.1, 0.3, 0),
+        lambda: pools[3].occupy(pools[3].node_list[1], 1.7, 2.0, 3),
+        lambda: pools[-1].add_nodes(2, 10.0),
+        lambda: setattr(pools[2], "price_factor", 1.3),
+        lambda: pools[4].vacate(pools[4].node_list[0], 0.0, 0.0, 0, 5.0),
+        lambda: None]
+    for i, change in enumerate(changes):
+        change()
+        assert rates(kept) == rates(Metrics(engine)), f"change {i}"  # type: ignore[arg-type]
