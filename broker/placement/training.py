@@ -1,8 +1,9 @@
 """How fast a data-parallel training job runs where it was placed. Pure.
 
-One model for both shells: the twin's run times (sim/engine.py) come from it, and the
-planner, which may not import broker.sim, prices what the twin bills with it; so it lives
-here (as placement/queueing.py does for service latency).
+One model for both shells: the twin's run times (sim/engine.py) come from it, and it lives
+here, below the planner, which may not import broker.sim, so the planner can price what the
+twin bills (as placement/queueing.py does for service latency). The planner does not yet:
+its costs take every GPU pool to run a job in the job's predicted time (docs/twin.md).
 
 Why: a job's run time must depend on its placement, or the twin cannot tell a policy that
 packs an 8-GPU job onto one NVSwitch node from one that splits it over two PCIe nodes over
@@ -28,10 +29,18 @@ ring's bottleneck B (GB/s per direction) and hop latency a taken from where the 
 - hop latency a: `HOP_LATENCY_S` by path (RDMA, same-zone TCP, cross-zone) or half the
   clusters' RTT.
 
-A job's actual run time is the trace's run time x s_ref / s, where s_ref = `reference_speedup(k)`
-is the speedup on the best hardware the model knows (NVSwitch nodes of 8 A100 joined by
-400 Gbps RDMA): the trace's run time is taken to be the job's run time placed ideally (an
-assumption: no public trace records the placement its run times came from).
+A job's actual run time is the trace's run time x s_ref / s / g, where s_ref =
+`reference_speedup(k)` is the speedup on the reference hardware (NVSwitch nodes of 8 A100
+joined by 400 Gbps RDMA) and g = `gpu_throughput` of the slowest GPU model the job runs on
+(synchronous data parallelism waits for the slowest worker), relative to the A100: the
+trace's run time is taken to be the job's run time on that reference hardware (an
+assumption: no public trace records the hardware and placement its run times came from). A
+1-GPU job has s = s_ref = 1 and pays g alone.
+
+g is the ratio of peak dense FP16/BF16 tensor throughput in the vendors' datasheets
+(`GPU_TFLOPS`; no tensor cores: the FP16, else FP32, peak). Peak ratios overstate the gap
+for memory-bound models, and the step's compute time is not shortened on a faster GPU (so
+its all-reduce is not exposed more): stated in docs/twin.md.
 """
 
 from __future__ import annotations
@@ -67,6 +76,26 @@ TCP_EFFICIENCY = 0.5
 # across zones of one region ~1 ms (providers quote single-digit ms between AZs).
 HOP_LATENCY_S = {"rdma": 5e-6, "tcp": 5e-5, "zone": 1e-3}
 REFERENCE_NODE_GPUS = 8
+# Peak dense FP16/BF16 tensor TFLOPS per GPU (NVIDIA and AMD datasheets; without tensor
+# cores the FP16 peak, else FP32): B200 2,250; MI300X 1,307; H100 SXM / H200 989; L40S 362;
+# A100 312; A10 125 (A10G: NVIDIA publishes none, AWS's G5 uses the A10's GA102, taken
+# equal); V100 SXM2 125; L4 121; T4 65; MI25 24.6; P100 PCIe 18.7; V520 14.7; P4 5.5 (FP32);
+# M60 4.8, K80 4.4, K520 2.4 (FP32, per GPU of the two-GPU boards).
+GPU_TFLOPS = {"B200": 2250.0, "MI300X": 1307.0, "H200": 989.0, "H100": 989.0,
+              "H100-MEGA": 989.0, "L40S": 362.0, "A100": 312.0, "A100-80GB": 312.0,
+              "A10": 125.0, "A10G": 125.0, "V100": 125.0, "V100-32GB": 125.0, "L4": 121.0,
+              "T4": 65.0, "T4G": 65.0, "MI25": 24.6, "P100": 18.7, "V520": 14.7, "P4": 5.5,
+              "M60": 4.8, "K80": 4.4, "K520": 2.4}
+REFERENCE_GPU = "A100"
+
+
+def gpu_throughput(gpu_model: str | None) -> float:
+    """Training throughput of one GPU of `gpu_model` relative to the reference A100
+    (`GPU_TFLOPS`); 1.0 for a model the table does not know (or none named)."""
+    if not gpu_model:
+        return 1.0
+    tflops = GPU_TFLOPS.get(gpu_model) or GPU_TFLOPS.get(gpu_model.upper())
+    return tflops / GPU_TFLOPS[REFERENCE_GPU] if tflops else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,3 +188,4 @@ def reference_speedup(k: int) -> float:
                                0, REFERENCE_NODE_GPUS))
         left -= take
     return job_speedup(shares, tcp_gbps=100.0)
+

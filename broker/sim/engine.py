@@ -417,8 +417,13 @@ class Engine:
         ev = ws.ev
         run_s = ev.duration_s or 0.0
         total_gpus = ev.gpu * ev.replicas
+        if ev.kind == "train" and ev.gpu > 0:
+            # Run time depends on placement (placement/training.py): trace time x s_ref / s / g,
+            # g the throughput of the slowest GPU model it runs on.
+            run_s /= min((training.gpu_throughput(self.clusters[g.cluster].pool(g.pool)
+                                                  .spec.gpu_model) for g in ws.groups),
+                         default=1.0)
         if ev.kind == "train" and total_gpus >= 2:
-            # Run time depends on placement (placement/training.py): trace time x s_ref / s.
             s = self._job_speedup(ws)
             run_s *= training.reference_speedup(total_gpus) / max(s, 1e-6)
             if total_gpus == 8 and not ws.ever_started:

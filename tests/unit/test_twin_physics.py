@@ -34,6 +34,23 @@ def test_split_pcie_job_has_lower_speedup_and_runs_longer_than_on_nvswitch() -> 
     assert not e_split.workloads["t"].finished  # the slow ring stretches it past 900 s
 
 
+def test_a_job_on_a_slower_gpu_model_holds_its_gpu_longer() -> None:
+    # A T4 is not an A100: the same 1-GPU, 600 s (reference-hardware) job runs 600 s on the
+    # A100 node and 600 / gpu_throughput("T4") = 2,880 s on the T4 node, and is billed so.
+    from broker.placement import training
+
+    _, e_a100 = run(scenario(_gpu_doc("gpu8", 1, 1200.0), "t,0,train,1,8,32,1,600,,,0,,0\n"))
+    _, e_t4 = run(scenario(_gpu_doc("gpu4pcie", 1, 1200.0), "t,0,train,1,8,32,1,600,,,0,,0\n"))
+    _, e_t4_long = run(scenario(_gpu_doc("gpu4pcie", 1, 3600.0),
+                                "t,0,train,1,8,32,1,600,,,0,,0\n"))
+    assert training.gpu_throughput("T4") == pytest.approx(65.0 / 312.0)
+    assert training.gpu_throughput("A100") == 1.0
+    assert training.gpu_throughput("no-such-gpu") == 1.0  # unknown: as today, documented
+    assert e_a100.workloads["t"].finished
+    assert not e_t4.workloads["t"].finished  # 2,880 s of running: past 1,200 s
+    assert e_t4_long.workloads["t"].finished  # and done well inside 3,600 s
+
+
 def test_rdma_beats_tcp_and_one_zone_beats_two() -> None:
     from broker.placement import training
 
