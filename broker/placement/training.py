@@ -188,4 +188,3 @@ def reference_speedup(k: int) -> float:
                                0, REFERENCE_NODE_GPUS))
         left -= take
     return job_speedup(shares, tcp_gbps=100.0)
-

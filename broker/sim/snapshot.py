@@ -148,18 +148,8 @@ def registration(c: SimCluster, now: float) -> Member:
 
 def observed_nodes(c: SimCluster, p: SimPool, now: float) -> tuple[ObservedNode, ...]:
     """The pool's nodes with what runs on each."""
-    gpus, itype, prefix = p.node.gpu, p.spec.instance_type, f"{c.name}/{p.name}/"
-    out = []
-    for i, n in enumerate(p.node_list):
-        up = n.ready_at <= now
-        out.append(ObservedNode(
-            name=prefix + str(i), pool=p.name, allocatable=p.node,
-            allocated=Resources(n.used_cpu, n.used_mem, gpus - n.gpu_free),
-            instance_type=itype, ready=up, ever_ready=up,
-            taints=DISRUPTED if n.cordoned else (),
-            idle_since_s=n.idle_since, prewarmed=n.prewarmed,
-            underused_since_s=n.underused_since))
-    return tuple(out)
+    return tuple(_observed_node(c, p, i, n, n.ready_at <= now)
+                 for i, n in enumerate(p.node_list))
 
 
 def pool_observation(c: SimCluster, p: SimPool, pool: Pool, now: float, *,
