@@ -41,31 +41,42 @@ them.
   removed; one non-empty node per cluster per epoch (`--max-drain-parallelism` default 1).
 
 - `lp` (packing, this planner's own rule): a ready cloud node under Cluster Autoscaler's 0.5
-  utilisation whose replicas fit on the pool's other nodes is drained only when (1) every
-  workload it reports (`NodeState.workloads`; a node that does not say is left alone) is
-  restartable: a batch or training job that accepts spot (`spot_ok`: it has agreed to be
-  stopped and restarted, which is what a checkpointing job does), so no service is ever
-  drained and none drops below its replicas; and (2) the saving pays the restart: the node's
-  price over the hours its longest job still has at least (submitted + duration - now,
-  capped at the objective horizon) exceeds the restart cost, each job's whole run rate
-  (`Placement.cost_usd_per_hour`: a gang restarts whole) over RESTART_LOST_S of lost work
-  (half of an assumed 30-minute checkpoint interval, an assumption stated as one). At most
-  ceil(10 %) of a pool's nodes per epoch (Karpenter's default disruption budget). The
-  policy may move the 0.5 threshold per cluster (`PolicyAction.consolidate_below`: when to
-  consolidate; 0 never drains); the restart condition (2) holds whatever it says.
+  utilisation whose requests fit whole on one other node of its cluster, of any pool its
+  workloads tolerate (`tolerates`), is drained only when (1) every workload it reports
+  (`NodeState.workloads`; a node that does not say is left alone) is restartable: a batch
+  or training job that accepts spot (`spot_ok`: it has agreed to be stopped and restarted,
+  which is what a checkpointing job does), so no service is ever drained and none drops
+  below its replicas; and (2) the saving pays the restart: the node's price over the hours
+  its longest job still has (`durations.remaining_s` of its predicted run time and its age
+  since submission: what the prediction leaves, or as long again as it has been there once
+  it outlives it; at most the objective horizon) exceeds the restart cost, each job's whole
+  run rate (`Placement.cost_usd_per_hour`: a gang restarts whole; where the snapshot holds
+  no price for it, `share_rate`) over its lost work (`lost_work_s`: its age until its first
+  checkpoint, then RESTART_LOST_S, half of an assumed 30-minute checkpoint interval,
+  CHECKPOINT_INTERVAL_S, an assumption stated as one), plus the receiver's extra paid time
+  (`extension_usd`: the receiver stays up until the moved work ends, where its own work
+  would have let it go earlier; nothing when its own work outlasts it). At most ceil(10 %)
+  of a pool's nodes per epoch (Karpenter's default disruption budget), and never below the
+  nodes the pool's prewarm forecast needs (`decisions.forecast_floor`: a node drained now
+  would be ordered back); the receiver is the one whose paid time the move extends least
+  (then best fit), its room is then taken, and a receiver is not drained in the same epoch
+  (`_lp_cluster`). The policy may move the 0.5 threshold per cluster
+  (`PolicyAction.consolidate_below`: when to consolidate; 0 never drains); the restart
+  condition (2) holds whatever it says.
 
-"Fit" is checked on the aggregate free room of the receivers (CPU, memory, GPUs) and the
-largest free GPU set of one receiver for the node's GPUs: the node's own per-pod layout is
-not in the snapshot. Receivers are the pool's other usable nodes but those drained, or scaled
-in as idle, this epoch, and the room the nodes drained before a candidate take is no longer
-free for it (one simulation over the epoch's removals, as Karpenter's scheduling simulation
+For karpenter and traditional, "fit" is checked on the aggregate free room of the receivers
+(CPU, memory, GPUs) and the largest free GPU set of one receiver for the node's GPUs: the
+node's own per-pod layout is not in the snapshot. Receivers are the pool's other usable
+nodes but those drained, or scaled in as idle, this epoch, and the room the nodes drained
+before a candidate take is no longer free for it (one simulation over the epoch's removals,
+as Karpenter's scheduling simulation
 and Cluster Autoscaler's removal simulation exclude the nodes they remove).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.domain import (
@@ -78,6 +89,7 @@ from broker.domain import (
     Workload,
     WorkloadKind,
 )
+from broker.placement import durations
 from broker.placement.feasibility import gpu_class, sets_per_new_node
 from broker.placement.kinds import NodeReplace, PoolScaleIn
 
@@ -86,8 +98,11 @@ CA_UTILIZATION_THRESHOLD = 0.5
 CA_UNNEEDED_S = 600.0
 CA_MAX_DRAIN = 1
 KARPENTER_BUDGET_FRACTION = 0.1
-# Work a restarted job loses: half of an assumed 30-minute checkpoint interval (the `lp` rule).
-RESTART_LOST_S = 900.0
+# A restartable job checkpoints every 30 minutes: an assumption (no public trace gives it;
+# the twin's world model, sim/engine.py, resumes a stopped job from its last checkpoint).
+CHECKPOINT_INTERVAL_S = 1800.0
+# Work a restarted job loses on average: half a checkpoint interval (the `lp` rule).
+RESTART_LOST_S = CHECKPOINT_INTERVAL_S / 2
 # Hours the `lp` rule counts a drained node's saving over at most (PlannerConfig's default
 # service horizon: what the objective prices a node over).
 SAVING_HORIZON_H = 1.0
@@ -190,50 +205,168 @@ class _LpRule:
                           for pl in self.snapshot.running}
         return self._rate
 
+    def left_h(self, n: NodeState, p: Pool) -> float:
+        """Hours until the last workload on `n` is expected to end (`durations.remaining_s`
+        of its predicted run time and its age since submission); infinite when a service
+        or a workload the snapshot does not describe runs there, or the busy node does not
+        say what runs on it; 0 on an empty node."""
+        if not n.workloads:
+            return math.inf if _busy(n, p) else 0.0
+        snapshot = self.snapshot
+        left = 0.0
+        for wid in n.workloads:
+            w = snapshot.workloads.get(wid)
+            if w is None or w.spec.kind is WorkloadKind.SERVICE:
+                return math.inf
+            left = max(left, durations.remaining_s(w.spec.duration_s,
+                                                   snapshot.now_s - w.submitted_s) / 3600.0)
+        return left
+
+    def lost_h(self, n: NodeState) -> float:
+        """Hours of work the longest-lived of `n`'s workloads loses if stopped now
+        (`lost_work_s` of its age since submission)."""
+        specs = self.snapshot.workloads
+        return max((lost_work_s(self.snapshot.now_s - specs[w].submitted_s)
+                    for w in n.workloads if w in specs), default=RESTART_LOST_S) / 3600.0
+
+    def restart_usd(self, n: NodeState, p: Pool) -> float:
+        """What a restart of `n`'s workloads loses: each one's whole run rate (a gang
+        restarts whole) over the work it has done since its last checkpoint
+        (`lost_work_s`)."""
+        rate = self.rate()
+        specs = self.snapshot.workloads
+        now = self.snapshot.now_s
+        return sum((rate[w] if w in rate else share_rate(specs[w], p))
+                   * lost_work_s(now - specs[w].submitted_s) for w in n.workloads) / 3600.0
+
+    def saving_usd(self, n: NodeState, p: Pool) -> float:
+        """The node's price over the hours its longest job still has (at most the objective
+        horizon): what removing it now saves if its work costs nothing elsewhere."""
+        return p.price_usd_per_hour * min(SAVING_HORIZON_H, max(0.0, self.left_h(n, p)))
+
     def worth_draining(self, n: NodeState, p: Pool) -> bool:
-        """The `lp` rule's conditions (1) and (2) for one node (module docstring)."""
+        """The `lp` rule's conditions (1) and (2) for one node, before the receiver's share
+        (module docstring): all restartable, and the saving beats the restart."""
         if not n.workloads or not self.movable.issuperset(n.workloads):
             return False  # (1): cheap, and what rules out almost every node
-        snapshot = self.snapshot
-        specs = [snapshot.workloads[w] for w in n.workloads]
-        left_h = max(((w.submitted_s + (w.spec.duration_s or 0.0) - snapshot.now_s) / 3600.0
-                      for w in specs), default=0.0)
-        saving = p.price_usd_per_hour * min(SAVING_HORIZON_H, max(0.0, left_h))
-        rate = self.rate()
-        restart = sum(rate.get(w, 0.0) for w in n.workloads) * RESTART_LOST_S / 3600.0
-        return saving > restart + 1e-9
+        return self.saving_usd(n, p) > self.restart_usd(n, p) + 1e-9
+
+    def extension_usd(self, n: NodeState, p: Pool, r: NodeState, q: Pool) -> float:
+        """What moving `n`'s work onto receiver `r` (pool `q`) costs in `r`'s paid time: `r`
+        stays up until the moved work ends (its remaining hours plus the rerun of the lost
+        work) where its own work would have let it go earlier."""
+        moved_h = self.left_h(n, p) + self.lost_h(n)
+        extra_h = min(SAVING_HORIZON_H, max(0.0, moved_h - self.left_h(r, q)))
+        return q.price_usd_per_hour * extra_h
 
 
-def _lp_nodes(p: Pool, rule: _LpRule, max_nodes: int,
-              threshold: float = CA_UTILIZATION_THRESHOLD,
-              removing: frozenset[str] = frozenset()) -> tuple[str, ...]:
-    """Nodes of one pool the `lp` rule drains (module docstring), under `threshold` use.
+def lost_work_s(age_s: float) -> float:
+    """Seconds of work a restartable job of this age (since submission: the snapshot's only
+    clock for it) loses when stopped now: all of it before its first checkpoint, then half
+    a CHECKPOINT_INTERVAL_S on average (RESTART_LOST_S)."""
+    age = max(0.0, age_s)
+    return age if age < CHECKPOINT_INTERVAL_S else RESTART_LOST_S
 
-    The restartable test goes first: it is a set lookup and rules out the nodes that run
-    services (nearly all), so the pool's usable nodes are listed only when one qualifies.
+
+def share_rate(w: Workload, p: Pool) -> float:
+    """USD/h of a workload's replicas at its dominant share of one of `p`'s nodes (what the
+    planner charges a replica, candidates.py): the run rate where the snapshot holds no
+    placement price for it (the twin lists running services only)."""
+    r, node = w.spec.resources, p.node
+    share = max(r.cpu / node.cpu if node.cpu > 0 else 0.0,
+                r.memory_gib / node.memory_gib if node.memory_gib > 0 else 0.0,
+                r.gpu / node.gpu if node.gpu > 0 else 0.0)
+    return share * p.price_usd_per_hour * w.spec.replicas
+
+
+def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset[str],
+                skip: frozenset[Pair] | set[Pair],
+                floor: Callable[[Cluster, Pool], int] | None = None) -> list[PoolScaleIn]:
+    """Nodes of one cluster the `lp` rule drains (module docstring), under `threshold` use.
+
+    A candidate's requests must fit whole on one receiver: a usable node of a pool of the
+    cluster that tolerates all of its workloads (`tolerates`: its own pool, or another of a
+    shape, GPU model and pricing they accept), so a job left alone on a big node may move to
+    another pool's free room. Best fit (the receiver with the least free vCPU that fits),
+    whose room is then taken; a receiver is not drained in the same epoch. Each pool drains
+    at most ceil(10 %) of its nodes, and never below `floor` (the nodes its forecast needs,
+    less those going idle this epoch). The restartable test goes first: it is a set lookup
+    and rules out the nodes that run services (nearly all), so the receivers are listed only
+    when a candidate qualifies.
     """
-    if threshold <= 0 or not p.reports_workloads:
-        return ()
+    if threshold <= 0:
+        return []
+    pools = [p for p in c.pools if p.pricing is not PricingModel.EDGE and p.node_states]
     movable = rule.movable
-    cands = [n for n in p.node_states if n.workloads and movable.issuperset(n.workloads)
-             and rule.worth_draining(n, p) and _usable(n) and _busy(n, p)
-             and utilization(n, p) < threshold]
+    cands = [(n, p) for p in pools if (c.name, p.name) not in skip and p.reports_workloads
+             for n in p.node_states
+             if n.workloads and movable.issuperset(n.workloads) and _usable(n)
+             and _busy(n, p) and utilization(n, p) < threshold and rule.worth_draining(n, p)]
     if not cands:
-        return ()
-    usable = [n for n in p.node_states if _usable(n) and n.name not in removing]
-    return _drain(cands, usable, p, max_nodes)
+        return []
+    cands.sort(key=lambda np_: (utilization(np_[0], np_[1]), np_[1].name, np_[0].name))
+    # Free room per receiver, (pool, node) -> [vCPU, GiB, GPUs, largest free GPU set].
+    free = {(q.name, r.name): [q.node.cpu - r.cpu_allocated,
+                               q.node.memory_gib - r.memory_allocated_gib,
+                               float(r.gpu_free), float(r.largest_free_gpu_set or r.gpu_free)]
+            for q in pools for r in q.node_states if _usable(r) and r.name not in removing}
+    states = {(q.name, r.name): r for q in pools for r in q.node_states}
+    by_name = {q.name: q for q in pools}
+    chosen: dict[str, list[str]] = {}
+    kept: set[tuple[str, str]] = set()  # receivers: never drained in the same epoch
+    specs = rule.snapshot.workloads
+    caps: dict[str, int] = {}
+    for n, p in cands:
+        picked = chosen.setdefault(p.name, [])
+        cap = caps.get(p.name)
+        if cap is None:
+            cap = math.ceil(KARPENTER_BUDGET_FRACTION * len(p.node_states))
+            if floor is not None:
+                going = sum(1 for m in p.node_states if m.name in removing)
+                cap = min(cap, p.nodes - going - floor(c, p))
+            caps[p.name] = cap
+        if (p.name, n.name) in kept or len(picked) >= cap:
+            continue
+        wls = [specs[w] for w in n.workloads]
+        tolerant = {q.name for q in pools if all(tolerates(w, q) for w in wls)}
+        gpu_used = p.node.gpu - n.gpu_free
+        fits = [key for key, room in free.items()
+                if key[0] in tolerant and key != (p.name, n.name)
+                and n.cpu_allocated <= room[0] + 1e-9 and n.memory_allocated_gib <= room[1]
+                + 1e-9 and gpu_used <= room[2] and gpu_used <= room[3]]
+        if not fits:
+            continue
+        # The receiver whose paid time the move extends least (one whose own work outlasts
+        # the moved work costs nothing more), then best fit (least free vCPU).
+        cost, key = min((rule.extension_usd(n, p, states[k], by_name[k[0]]), free[k][0], k)
+                        for k in fits)[::2]
+        if rule.saving_usd(n, p) <= cost + rule.restart_usd(n, p) + 1e-9:
+            continue
+        room = free[key]
+        room[0] -= n.cpu_allocated
+        room[1] -= n.memory_allocated_gib
+        room[2] -= gpu_used
+        room[3] = max(0.0, room[3] - gpu_used)
+        kept.add(key)
+        free.pop((p.name, n.name), None)
+        picked.append(n.name)
+    return [PoolScaleIn(c.name, p.name, tuple(chosen[p.name]), reason="consolidate")
+            for p in pools if chosen.get(p.name)]
 
 
 def consolidations(snapshot: FederationSnapshot, policy: str,
                    skip: frozenset[Pair] | set[Pair] = frozenset(),
                    budget: Mapping[str, float] | None = None,
                    below: Mapping[str, float] | None = None,
-                   removing: Sequence[PoolScaleIn] = ()) -> tuple[PoolScaleIn, ...]:
+                   removing: Sequence[PoolScaleIn] = (),
+                   floor: Callable[[Cluster, Pool], int] | None = None,
+                   ) -> tuple[PoolScaleIn, ...]:
     """PoolScaleIn(reason="consolidate") of non-empty nodes for `policy` (module docstring);
     () for policies without such a rule. Pools in `skip` (growing this epoch) are left.
     `below`: the `lp` rule's utilisation threshold per cluster (PolicyAction.consolidate_below;
     missing clusters: CA_UTILIZATION_THRESHOLD). `removing`: this epoch's other scale-ins
-    (the idle nodes going): their nodes receive nothing."""
+    (the idle nodes going): their nodes receive nothing. `floor`: the nodes each pool keeps
+    whatever the `lp` rule says (decisions.forecast_floor: what the forecast needs)."""
     if policy not in ("karpenter", "traditional", "lp"):
         return ()
     gone = frozenset(n for si in removing for n in si.nodes)
@@ -243,15 +376,15 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
     for c in snapshot.clusters:
         if c.is_edge or not c.healthy:
             continue
+        if rule is not None:
+            out += _lp_cluster(c, rule, (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD),
+                               gone, skip, floor)
+            continue
         drains = CA_MAX_DRAIN  # Cluster Autoscaler drains one non-empty node per cluster
         for p in c.pools:
             if p.pricing is PricingModel.EDGE or (c.name, p.name) in skip or not p.node_states:
                 continue
-            if rule is not None:
-                names = _lp_nodes(p, rule, math.ceil(KARPENTER_BUDGET_FRACTION
-                                                     * len(p.node_states)),
-                                  (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD), gone)
-            elif policy == "karpenter":
+            if policy == "karpenter":
                 names = _pool_nodes(c, p, snapshot.now_s, max_nodes=_budget(p, fraction),
                                     underused_for_s=None, removing=gone)
             else:

@@ -49,7 +49,7 @@ Prewarm (`prewarm_nodes`, `prewarm_for_placements`):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.domain import (
@@ -175,6 +175,21 @@ def _forecast_keeps(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], ke
         return 0
     need = used + max(0.0, rate) * max(0.0, lead_s)
     return max(0, min(nodes, math.floor(need / unit - 0.5 + 1e-9) + 1))
+
+
+def forecast_floor(snapshot: FederationSnapshot,
+                   placed: Mapping[Pair, tuple[float, float, int]],
+                   action: PolicyAction) -> Callable[[Cluster, Pool], int]:
+    """Nodes of a pool the prewarm forecast needs over the policy's lead (what `scale_in`
+    keeps with `forecast`), as a function of (cluster, pool): lp's drains never take a pool
+    below it (placement/consolidate.py), so a node drained now is not ordered back by the
+    next epoch's prewarm."""
+    lead = max(0.0, action.prewarm_lead_s)
+
+    def floor(c: Cluster, p: Pool) -> int:
+        return _forecast_keeps(p, placed, (c.name, p.name), snapshot.demand_of(c.name, p.name),
+                               lead, p.nodes)
+    return floor
 
 
 def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,

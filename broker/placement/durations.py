@@ -172,6 +172,23 @@ class DurationPredictor:
         sums.log_sum += math.log(max(job.duration_s, MIN_DURATION_S))
 
 
+def remaining_s(predicted_s: float | None, age_s: float) -> float:
+    """Expected further run time of a job that has been running (or waiting) `age_s`.
+
+    max(predicted - age, age): before its predicted end, what the prediction leaves; past
+    it, as long again as it has run. Heavy-tailed run times make age the better guide once
+    a job outlives its estimate: Harchol-Balter and Downey ("Exploiting process lifetime
+    distributions for dynamic load balancing", ACM TOCS 15(3), 1997) measured that a process
+    of age t lives past T with probability t/T, so its median remaining life is its age.
+    Used by consolidation (placement/consolidate.py) to judge how long a node would still
+    be paid for; with no prediction, the age alone.
+    """
+    age = max(0.0, age_s)
+    if predicted_s is None:
+        return age
+    return max(predicted_s - age, age)
+
+
 def mape(pairs: Iterable[tuple[float, float]]) -> float | None:
     """Mean absolute percentage error of (predicted, actual) pairs; actuals clamped to >= 1 s.
 

@@ -318,8 +318,9 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     idle_cfg = dataclasses.replace(cfg, scale_in_idle_s=0.0) if policy == "karpenter" else cfg
     idle = decisions.scale_in(snapshot, idle_cfg, placed, growing, action,
                               forecast=policy in PREWARM_POLICIES)
-    drains = consolidate.consolidations(snapshot, policy, growing,
-                                        below=action.consolidate_below, removing=idle)
+    drains = consolidate.consolidations(
+        snapshot, policy, growing, below=action.consolidate_below, removing=idle,
+        floor=decisions.forecast_floor(snapshot, placed, action) if policy == "lp" else None)
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves, scale_in=idle + drains,

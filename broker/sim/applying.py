@@ -40,7 +40,7 @@ from broker.domain import Placement
 from broker.placement.planner import EpochPlan, Migration, NodeReplace, PoolScaleIn, Prewarm
 from broker.sim import faults, physics
 from broker.sim.network import data_move
-from broker.sim.state import Group, Node, SimCluster, SimPool, WorkloadState
+from broker.sim.state import Group, Node, SimCluster, SimPool, WorkloadState, add_pod
 
 if TYPE_CHECKING:
     from broker.sim.engine import Engine
@@ -333,6 +333,8 @@ def reserve(eng: Engine, ws: WorkloadState, c: SimCluster, p: SimPool, want: int
               placed_s=eng.now, nodes=nodes,
               ready_s=nodes_ready + pull_s + move.seconds + physics.POD_START_S)
     g.token = eng.next_token()
+    for i, on in enumerate(nodes):
+        add_pod(ev.id, on, gpu_nodes[i] if gpu_nodes else [])
     ws.groups.append(g)
     p.count_replicas(placed, placed)
     eng.push(g.ready_s, READY, (ev.id, g.token))

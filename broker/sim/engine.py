@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.domain import FederationSnapshot, PolicyAction, UserRegion
-from broker.placement import training
+from broker.placement import consolidate, training
 from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.placement.snapshot import MergeMemo
 from broker.sim import applying, faults, hazard
@@ -48,12 +48,21 @@ from broker.sim.metrics import Metrics
 from broker.sim.network import egress_table, user_rtt_table
 from broker.sim.realize import SPOT_HAZARD, TwinNoise, realize, stream
 from broker.sim.scenario import CatalogLike, Scenario
-from broker.sim.snapshot import build_snapshot, network_of, pool_replica_counts, replica_counts
-from broker.sim.state import CapacityError, Group, Node, SimPool, WorkloadState
+from broker.sim.snapshot import (
+    PodsReading,
+    build_snapshot,
+    network_of,
+    pool_replica_counts,
+    replica_counts,
+)
+from broker.sim.state import CapacityError, Group, Node, SimPool, WorkloadState, remove_pod
 from broker.sim.state import make_cluster as _make_cluster
 
 POLICIES = ("traditional", "karpenter", "greedy", "lp", "lp+rl")
 PlannerFn = Callable[[FederationSnapshot, PolicyAction, PlannerConfig, str], EpochPlan]
+# The planner policies whose consolidation reads what runs on each node (consolidate.py:
+# Karpenter's replace rule, lp's drain rule).
+_PODS_POLICIES = frozenset({"karpenter", "lp"})
 _ARRIVAL, _READY, _FINISH, _FAULT_START, _FAULT_END, _SAMPLE, _REPLACED = range(7)
 
 
@@ -157,6 +166,8 @@ class Engine:
         # Cluster<->cluster RTT and throughput (static topology): the policy graph's edges.
         self.network = network_of(scenario, catalog)
         self.merge_memo = MergeMemo()  # unchanged pools merge to the same Pool (snapshot.py)
+        # What runs on each node of each pool, as `with_pods` last read it (sim/snapshot.py).
+        self.pods_memo: dict[tuple[str, str], PodsReading] = {}
 
     @property
     def state_version(self) -> int:
@@ -346,10 +357,11 @@ class Engine:
         applying.observe_idle(self)
         # Running services are offered to the migration rules every housekeeping tick (the
         # live loop offers them every epoch; per 30 s epoch here would double the run time).
-        # Karpenter's replace rule reads what runs on each node: built at its housekeeping
-        # ticks only (walking every replica each 30 s epoch would cost as much again).
+        # Karpenter's replace rule and lp's drain rule read what runs on each node: built at
+        # housekeeping ticks only (walking every replica each 30 s epoch would cost as much
+        # again); the other policies' rules do not read it.
         snapshot = self.snapshot(running=housekeeping and self._planner_policy() == "lp",
-                                 pods=housekeeping and self._planner_policy() == "karpenter")
+                                 pods=housekeeping and self._planner_policy() in _PODS_POLICIES)
         t0 = time.perf_counter()
         plan = self.planner(snapshot, self.action, self.planner_config, self._planner_policy())
         if plan.placements or plan.unplaced:
@@ -428,6 +440,8 @@ class Engine:
             run_s *= training.reference_speedup(total_gpus) / max(s, 1e-6)
             if total_gpus == 8 and not ws.ever_started:
                 self.metrics.speedups_8gpu.append(s)
+        ws.run_from_s, ws.run_full_s = self.now, run_s
+        run_s *= 1.0 - ws.done_frac  # a restarted job resumes from its last checkpoint
         if not ws.ever_started:
             ws.ever_started = True
             ws.started_s = self.now
@@ -483,6 +497,7 @@ class Engine:
                         n.gpu_free += 1
             if home is not None:
                 p.vacate(home, ev.cpu, ev.memory_gib, 0 if spread else ev.gpu, self.now)
+            remove_pod(ev.id, home, grp)
             if grp:
                 del g.gpu_nodes[i]
             if home is not None:
@@ -507,6 +522,7 @@ class Engine:
             groups = list(ws.groups)
             ws.run_token += 1
             lost = None
+            self._checkpointed(ws)
         for g in groups:
             which = None if lost is None else [
                 i for i in range(g.count)
@@ -521,15 +537,40 @@ class Engine:
         self.metrics.service_changed(ws)
         self._version += 1
 
+    def _checkpointed(self, ws: WorkloadState) -> None:
+        """A running job stopped now keeps the work of its last checkpoint (one every
+        consolidate.CHECKPOINT_INTERVAL_S of its run): every job of a trace is restartable
+        (the format has no spot_ok column, so sim/snapshot.py's specs accept interruption,
+        consolidate.restartable), and a restartable job is one that checkpoints."""
+        start, ws.run_from_s = ws.run_from_s, None
+        if start is None or ws.run_full_s <= 0:
+            return
+        interval = consolidate.CHECKPOINT_INTERVAL_S
+        saved_s = math.floor((self.now - start) / interval + 1e-9) * interval
+        ws.done_frac = min(1.0, ws.done_frac + saved_s / ws.run_full_s)
+
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
         if any(ws.groups for w, ws in self.workloads.items() if self.unfinished.get(w) is not ws):
             raise CapacityError("a workload outside `unfinished` holds replicas")
         if pool_replica_counts(self.clusters.values()) != replica_counts(self.unfinished.values()):
             raise CapacityError("the pools' replica counts differ from the workloads' groups")
+        pods: dict[int, dict[str, int]] = {}  # Node.pods as the groups say it
+        for ws in self.unfinished.values():
+            for g in ws.groups:
+                for i in range(g.count):
+                    home = g.nodes[i] if i < len(g.nodes) else None
+                    gpus = g.gpu_nodes[i] if i < len(g.gpu_nodes) else []
+                    for n in {id(m): m for m in ([home] if home else []) + gpus}.values():
+                        per = pods.setdefault(id(n), {})
+                        per[ws.ev.id] = per.get(ws.ev.id, 0) + 1
         for c in self.clusters.values():
             for p in c.pools:
                 p.check()
+                for n in p.node_list:
+                    if n.pods != pods.get(id(n), {}):
+                        raise CapacityError(f"{c.name}/{p.name}: a node's pods differ from "
+                                            f"the groups: {n.pods} vs {pods.get(id(n), {})}")
             if c.quota_vcpu is not None and c.quota_vcpu == c.spec.quota_vcpu:
                 prov = sum(p.nodes * p.node.cpu for p in c.pools)
                 if prov > c.quota_vcpu + 1e-6 and not c.spec.fixed:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import TYPE_CHECKING
 
@@ -306,40 +306,78 @@ def build_snapshot(engine: Engine, batch: Sequence[WorkloadState], *,
     specs = {ws.ev.id: pending_workload(ws, replicas=ws.placed) for ws in states}
     return replace(snap, capacity_changed_s=engine.capacity_changed_s,
                    running=tuple(running_placement(ws, reuse=reuse) for ws in states)
-                   + tuple(p for p in partial if p.workload_id not in specs), workloads=specs,
+                   + tuple(p for p in partial if p.workload_id not in specs),
+                   workloads={**snap.workloads, **specs},
                    displaced={ws.ev.id: tuple(ws.displaced) for ws in states if ws.displaced})
 
 
 def with_pods(snap: FederationSnapshot, engine: Engine) -> FederationSnapshot:
     """`snap` with the ids of the workloads on each node (`NodeState.workloads`, as live
-    drivers report them) and their specs in `workloads`: what Karpenter's replace rule reads
-    (placement/consolidate.py). Built on demand (the engine asks for it at karpenter's
-    housekeeping epochs only): it walks every running replica."""
-    on: dict[int, dict[str, None]] = {}
+    drivers report them: `Node.pods`, kept as replicas come and go) and their specs in
+    `workloads`: what Karpenter's replace rule and lp's drain rule read
+    (placement/consolidate.py). Built on demand (the engine asks for it at those policies'
+    housekeeping epochs only).
+
+    A pool unchanged since the last call (`SimPool.version`, bumped whenever a node or the
+    node list changes) that the merge gave as the same Pool is the same object as last
+    time, and an unchanged node keeps its NodeState (`Engine.pods_memo`): walking every
+    replica and rebuilding every node's state each tick was most of a day-long lp run's
+    extra time.
+    """
+    memo = engine.pods_memo
     specs = dict(snap.workloads)
     for ws in engine.unfinished.values():
-        if not ws.groups:
-            continue
-        wid = ws.ev.id
-        for g in ws.groups:
-            for n in g.nodes:
-                on.setdefault(id(n), {})[wid] = None
-            for grp in g.gpu_nodes:
-                for n in grp:
-                    on.setdefault(id(n), {})[wid] = None
-        if wid not in specs:
-            specs[wid] = pending_workload(ws, replicas=ws.placed)
+        if ws.groups and ws.ev.id not in specs:
+            specs[ws.ev.id] = pending_workload(ws, replicas=ws.placed)
     clusters = []
     for c in snap.clusters:
         sim = engine.clusters[c.name]
         pools = []
         for pool in c.pools:
-            nodes = sim.pool(pool.name).node_list
-            if len(nodes) != len(pool.node_states) or not any(id(n) in on for n in nodes):
-                pools.append(pool)
+            key = (c.name, pool.name)
+            sp = sim.pool(pool.name)
+            last = memo.get(key)
+            if last is not None and last.version == sp.version and last.pool_in is pool \
+                    and last.pool_out is not None:
+                pools.append(last.pool_out)
                 continue
-            states = tuple(replace(st, workloads=tuple(on[id(n)])) if id(n) in on else st
-                           for st, n in zip(pool.node_states, nodes, strict=True))
-            pools.append(replace(pool, node_states=states))
+            if last is None:
+                last = memo[key] = PodsReading(sp.version)
+            nodes = sp.node_list
+            out = pool
+            if last.version == sp.version and last.pool_in is not None \
+                    and last.pool_out is not None \
+                    and last.pool_in.node_states is pool.node_states:
+                # The same nodes and pods, another Pool (a price, a count): the same states.
+                if last.pool_out is not last.pool_in:
+                    out = replace(pool, node_states=last.pool_out.node_states)
+            elif len(nodes) == len(pool.node_states) and any(n.pods for n in nodes):
+                out = replace(pool, node_states=tuple(
+                    _reported(last, i, st, tuple(n.pods)) if n.pods else st
+                    for i, (st, n) in enumerate(zip(pool.node_states, nodes, strict=True))))
+            last.version, last.pool_in, last.pool_out = sp.version, pool, out
+            pools.append(out)
         clusters.append(replace(c, pools=tuple(pools)))
     return replace(snap, clusters=tuple(clusters), workloads=specs)
+
+
+@dataclass(slots=True, eq=False)
+class PodsReading:
+    """What `with_pods` last made of one pool: at which `SimPool.version`, the merged Pool
+    it was given and the Pool it returned, and per node index the state given and the state
+    returned (so an unchanged node keeps its NodeState)."""
+
+    version: int
+    pool_in: Pool | None = None
+    pool_out: Pool | None = None
+    states: dict[int, tuple[NodeState, NodeState]] = field(default_factory=dict)
+
+
+def _reported(last: PodsReading, i: int, st: NodeState, wids: tuple[str, ...]) -> NodeState:
+    """`st` with `wids` as its workloads: the same object as last time for the same `st`."""
+    hit = last.states.get(i)
+    if hit is not None and hit[0] is st and hit[1].workloads == wids:
+        return hit[1]
+    out = replace(st, workloads=wids)
+    last.states[i] = (st, out)
+    return out

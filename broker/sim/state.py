@@ -49,6 +49,9 @@ class Node:
     # Tainted for a replacement (Karpenter's `karpenter.sh/disrupted:NoSchedule`): nothing new
     # lands here; drained once the replacement is up (sim/applying.py, NodeReplace).
     cordoned: bool = False
+    # Workload id -> its replicas with their home or a GPU here (what a kubelet lists: the
+    # pods on the node), kept by sim/applying.py reserve and Engine.release.
+    pods: dict[str, int] = field(default_factory=dict)
 
     def empty(self, gpus: int) -> bool:
         return self.replicas == 0 and self.gpu_free >= gpus
@@ -56,6 +59,30 @@ class Node:
     def fits(self, node: Resources, cpu: float, mem: float, gpus: int) -> bool:
         return (not self.cordoned and self.used_cpu + cpu <= node.cpu + _EPS
                 and self.used_mem + mem <= node.memory_gib + _EPS and self.gpu_free >= gpus)
+
+
+def add_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
+    """One replica of `wid` now has its home and GPUs on these nodes (`Node.pods`)."""
+    for n in _members(home, gpus):
+        n.pods[wid] = n.pods.get(wid, 0) + 1
+
+
+def remove_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
+    """One replica of `wid` has left these nodes (`Node.pods`)."""
+    for n in _members(home, gpus):
+        k = n.pods.get(wid, 0) - 1
+        if k > 0:
+            n.pods[wid] = k
+        else:
+            n.pods.pop(wid, None)
+
+
+def _members(home: Node | None, gpus: list[Node]) -> list[Node]:
+    out = [home] if home is not None else []
+    for n in gpus:
+        if all(m is not n for m in out):
+            out.append(n)
+    return out
 
 
 def _ready_at(n: Node) -> float:
@@ -383,6 +410,11 @@ class WorkloadState:
     finished: bool = False
     run_token: int = 0  # bumped when a gang job restarts: stale FINISH events are ignored
     ever_started: bool = False
+    # A restartable job's checkpointed work (engine.evict): the fraction of its run done, and
+    # the current run's start and whole run time where it runs now (None: not running).
+    done_frac: float = 0.0
+    run_from_s: float | None = None
+    run_full_s: float = 0.0
     tried_s: float = -1e18  # the planner's last attempt (planner.Retry)
     tries: int = 0  # planner attempts that left it (partly) unplaced (planner.Retry)
     # A migration in flight: its target group and the source groups drained once it is ready.

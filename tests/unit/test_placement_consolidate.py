@@ -112,12 +112,95 @@ def test_lp_drains_only_restartable_work_and_never_a_service() -> None:
 
 
 def test_lp_drains_only_when_the_saving_pays_the_restart() -> None:
-    """A job with 2 h left on a 4 USD/h node saves 4 USD for 0.25 h of its 1 USD/h lost;
-    one with 5 min left saves 0.33 USD and would lose 0.5 USD of a 2 USD/h run: kept."""
+    """A job with 2 h left on a 4 USD/h node saves 4 USD for 0.25 h of its 1 USD/h lost.
+    A 5-minute-old job with 5 min left saves 0.33 USD and loses only its 5 min: drained at
+    a 2 USD/h run rate (0.17 USD), kept at 5 USD/h (0.42). A gang 35 min old (past its
+    first checkpoint: 15 min lost on average) running at 12 USD/h over all its nodes would
+    lose 3 USD to save this node's 4 USD/h for the 35 min it is expected to go on: kept."""
     long_job = _running([(1.0, _job("long"))])
     assert _names(consolidations(long_job, "lp")) == ["n0"]  # type: ignore[arg-type]
-    ending = _running([(1.0, _job("ending", duration_s=600.0))], now=300.0, rate=2.0)
-    assert consolidations(ending, "lp") == ()  # type: ignore[arg-type]
+    young = _running([(1.0, _job("young", duration_s=600.0))], now=300.0, rate=2.0)
+    assert _names(consolidations(young, "lp")) == ["n0"]  # type: ignore[arg-type]
+    dear = _running([(1.0, _job("young", duration_s=600.0))], now=300.0, rate=5.0)
+    assert consolidations(dear, "lp") == ()  # type: ignore[arg-type]
+    gang = _running([(1.0, _job("gang", duration_s=2400.0))], now=2100.0, rate=12.0)
+    assert consolidations(gang, "lp") == ()  # type: ignore[arg-type]
+    cheap_gang = _running([(1.0, _job("gang", duration_s=2400.0))], now=2100.0, rate=8.0)
+    assert _names(consolidations(cheap_gang, "lp")) == ["n0"]  # type: ignore[arg-type]
+
+
+def test_lp_moves_a_lone_job_to_another_pools_free_room_that_it_tolerates() -> None:
+    """A 1-vCPU job alone on pool "big"'s only node (16 vCPU, 3 USD/h): the rule looked for
+    room in the node's own pool only, so a lone job held a big node for hours (gpu-training:
+    an 8-GPU node paid for one 1-GPU job). Pool "m" has a node with 3 vCPU free: lp drains
+    the big node onto it; a job "m"'s nodes cannot take (8 vCPU) stays, as does a job that
+    asks for a GPU model "m" lacks, and one that would need more room than "m" has left."""
+    def world(job: Workload, *, receiver_free: float = 3.0) -> FederationSnapshot:
+        req = job.spec.resources.cpu
+        big = dataclasses.replace(
+            pool("big", price=3.0, nodes=1, max_nodes=2, node=Resources(16, 64)),
+            node_states=(NodeState(name="b0", cpu_allocated=req, memory_allocated_gib=req,
+                                   workloads=(job.id,)),), used=Resources(req, req))
+        recv = NodeState(name="m0", cpu_allocated=4.0 - receiver_free,
+                         memory_allocated_gib=4.0 - receiver_free)
+        m = dataclasses.replace(pool("m", price=1.0, nodes=1, max_nodes=2, node=NODE4),
+                                node_states=(recv,), used=Resources(1.0, 1.0))
+        c = Cluster(name="c", provider="aws", region="us-east-1", pools=(big, m))
+        return dataclasses.replace(snapshot((), clusters=(c,)), workloads={job.id: job})
+
+    assert _names(consolidations(world(_job("lone")), "lp")) == ["b0"]
+    wide = workload("wide", kind=WorkloadKind.BATCH, cpu=8.0, mem=8.0, duration_s=7200.0)
+    assert consolidations(world(wide), "lp") == ()
+    a100 = workload("a100", kind=WorkloadKind.BATCH, duration_s=7200.0, gpu_model="A100")
+    assert consolidations(world(a100), "lp") == ()
+    assert consolidations(world(_job("lone"), receiver_free=0.5), "lp") == ()
+
+
+def test_lp_never_moves_two_nodes_into_the_same_free_room() -> None:
+    """Two pools' lone 2-vCPU jobs and one receiver with 3 vCPU free: one node goes (the
+    receiver's room is then taken), the other stays; the receiver itself is not drained."""
+    def lone(name: str, job: Workload) -> Pool:
+        return dataclasses.replace(
+            pool(name, price=3.0, nodes=1, max_nodes=2, node=Resources(16, 64)),
+            node_states=(NodeState(name=f"{name}0", cpu_allocated=2.0,
+                                   memory_allocated_gib=2.0, workloads=(job.id,)),),
+            used=Resources(2.0, 2.0))
+    j1, j2, j3 = (workload(w, kind=WorkloadKind.BATCH, cpu=2.0, mem=2.0, duration_s=7200.0)
+                  for w in ("j1", "j2", "j3"))
+    recv = NodeState(name="m0", cpu_allocated=1.0, memory_allocated_gib=1.0,
+                     workloads=(j3.id,))
+    m = dataclasses.replace(pool("m", price=1.0, nodes=1, max_nodes=2, node=NODE4),
+                            node_states=(recv,), used=Resources(1.0, 1.0))
+    c = Cluster(name="c", provider="aws", region="us-east-1",
+                pools=(lone("a", j1), lone("b", j2), m))
+    snap = dataclasses.replace(snapshot((), clusters=(c,)),
+                               workloads={w.id: w for w in (j1, j2, j3)})
+    assert _names(consolidations(snap, "lp")) == ["a0"]
+
+
+def test_lp_never_moves_work_onto_a_node_that_would_then_outlive_its_own_work() -> None:
+    """A 2 h job alone on a 1 USD/h node; the only receiver (3 USD/h) runs a job that ends in
+    10 min. The move would keep that node up for the moved job's 2 h instead (3 USD for the
+    first hour) to save 1 USD: kept. When the receiver's own job runs 3 h more it costs
+    nothing extra: drained. A pool kept at its forecast floor drains nothing."""
+    def world(receiver_job_s: float) -> FederationSnapshot:
+        job = _job("j", duration_s=7200.0)
+        own = _job("own", duration_s=receiver_job_s)
+        cheap = dataclasses.replace(
+            pool("cheap", price=1.0, nodes=1, max_nodes=2, node=NODE4),
+            node_states=(NodeState(name="c0", cpu_allocated=1.0, memory_allocated_gib=1.0,
+                                   workloads=("j",)),), used=Resources(1.0, 1.0))
+        big = dataclasses.replace(
+            pool("big", price=3.0, nodes=1, max_nodes=2, node=Resources(16, 64)),
+            node_states=(NodeState(name="b0", cpu_allocated=9.0, memory_allocated_gib=9.0,
+                                   workloads=("own",)),), used=Resources(9.0, 9.0))
+        c = Cluster(name="c", provider="aws", region="us-east-1", pools=(cheap, big))
+        return dataclasses.replace(snapshot((), clusters=(c,)), workloads={"j": job, "own": own})
+
+    assert consolidations(world(600.0), "lp") == ()
+    assert _names(consolidations(world(3 * 3600.0), "lp")) == ["c0"]
+    assert consolidations(world(3 * 3600.0), "lp", floor=lambda c, p: p.nodes) == ()
+    assert _names(consolidations(world(3 * 3600.0), "lp", floor=lambda c, p: 0)) == ["c0"]
 
 
 # ---- Karpenter's replace path (consolidate.replacements) --------------------------------

@@ -122,3 +122,15 @@ def test_unknown_class_and_bad_prior_are_refused() -> None:
 def test_mape_on_known_pairs() -> None:
     assert mape([(110.0, 100.0), (50.0, 100.0)]) == pytest.approx((0.1 + 0.5) / 2)
     assert mape([]) is None
+
+
+def test_a_job_past_its_estimate_is_expected_to_run_as_long_again() -> None:
+    # Consolidation judges a node's remaining paid time by its jobs' remaining run time: a
+    # job that outlived its estimate was counted as ending now, so lp's drain rule never
+    # paid on gpu-training (estimates of minutes, jobs of hours).
+    from broker.placement.durations import remaining_s
+
+    assert remaining_s(3600.0, 600.0) == 3000.0  # before its estimate: what it leaves
+    assert remaining_s(600.0, 5400.0) == 5400.0  # past it: as long again as it has run
+    assert remaining_s(None, 120.0) == 120.0
+    assert remaining_s(600.0, -5.0) == 600.0  # a clock skew never makes a negative age

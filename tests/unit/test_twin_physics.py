@@ -167,20 +167,30 @@ def test_spot_reclaims_arrive_as_a_hazard_not_only_as_scripted_faults() -> None:
     assert hazard.draw_reclaims(10, "edge", 86400.0, random.Random(1)) == 0
 
 
-def test_karpenter_and_cluster_autoscaler_drain_under_used_nodes_lp_does_not() -> None:
+def test_every_consolidating_policy_drains_under_used_nodes_lp_only_restartable_work() -> None:
     # Issue 11: traditional/karpenter copy CA's and Karpenter's scale-down, not only the
     # removal of empty nodes. Two nodes end up a quarter used each (b on one, d on the
-    # other): Karpenter drains one at once, CA after 10 min below half use; lp keeps both.
-    trace = ("a,0,batch,1,1,1,0,600,,,0,,0\nb,0,batch,1,1,1,0,5000,,,0,,0\n"
-             "c,0,batch,1,3,1,0,600,,,0,,0\nd,0,batch,1,1,1,0,5000,,,0,,0\n")
-    scn = scenario(doc(nodes=0, max_nodes=4, horizon_s=2400.0), trace)
+    # other): Karpenter drains one at once, CA after 10 min below half use, lp at its next
+    # housekeeping tick (b and d are batch jobs: restartable). Regression (issue 12): the
+    # twin reported what runs on each node to karpenter only, so lp's rule never fired.
+    def quarter_used(kind: str) -> str:
+        run = "5000" if kind == "batch" else ""
+        return (f"a,0,batch,1,1,1,0,600,,,0,,0\nb,0,{kind},1,1,1,0,{run},,,0,,0\n"
+                f"c,0,batch,1,3,1,0,600,,,0,,0\nd,0,{kind},1,1,1,0,{run},,,0,,0\n")
+    scn = scenario(doc(nodes=0, max_nodes=4, horizon_s=2400.0), quarter_used("batch"))
     nodes = {}
     for policy in ("karpenter", "traditional", "lp"):
         _, eng = run(scn, policy)
         nodes[policy] = (eng.clusters["c1"].pools[0].nodes, eng.metrics.consolidated_nodes)
     assert nodes["karpenter"] == (1, 1)
     assert nodes["traditional"] == (1, 1)
-    assert nodes["lp"] == (2, 0)
+    assert nodes["lp"] == (1, 1)
+    # The same nodes running services: lp never drains a service (karpenter still does).
+    services = scenario(doc(nodes=0, max_nodes=4, horizon_s=2400.0), quarter_used("service"))
+    kept = {p: run(services, p)[1] for p in ("karpenter", "lp")}
+    assert kept["karpenter"].metrics.consolidated_nodes >= 1
+    assert (kept["lp"].clusters["c1"].pools[0].nodes, kept["lp"].metrics.consolidated_nodes) \
+        == (2, 0)
 
 
 def test_a_service_left_unplaced_violates_from_the_moment_it_asked() -> None:
@@ -264,3 +274,25 @@ def test_karpenter_replaces_on_demand_nodes_by_cheaper_spot_ones_and_saves() -> 
     assert [n.cordoned for n in od.node_list] == [True, False]
     assert [n.ready_at > 380.0 for n in spot.node_list] == [True]
     assert booting.workloads["s"].running == 2
+
+
+def test_a_reclaimed_job_resumes_from_its_last_checkpoint() -> None:
+    # Issue 12 (consolidation with checkpoint/restart cost): the twin restarted an evicted
+    # job from its start, where consolidate.py's rule assumes half a checkpoint interval of
+    # lost work. A 2 h job loses its node 45 min in: it keeps its 30 min checkpoint and,
+    # after a new node boots (100 s), runs the other 90 min: done inside 2 h 20 min.
+    from broker.placement.consolidate import CHECKPOINT_INTERVAL_S
+    from broker.sim.engine import Engine
+
+    def reclaimed(horizon_s: float) -> Engine:
+        scn = scenario(doc(nodes=1, max_nodes=2, horizon_s=horizon_s, spot=True, faults=[
+            {"at_s": 2700.0, "target": "c1", "kind": "spot_reclaim", "nodes": 1}]),
+            "j,0,batch,1,2,1,0,7200,,,0,,0\n")
+        return run(scn)[1]
+
+    eng = reclaimed(8400.0)
+    ws = eng.workloads["j"]
+    assert eng.metrics.faults_applied == 1
+    assert ws.done_frac == pytest.approx(CHECKPOINT_INTERVAL_S / 7200.0)
+    assert ws.finished  # 2,700 + ~100 boot + 5,400 < 8,400; from zero it would need 10,000
+    assert not reclaimed(8100.0).workloads["j"].finished
