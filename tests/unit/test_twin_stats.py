@@ -54,20 +54,29 @@ def test_summary_keeps_single_seed_values_and_adds_intervals_over_seeds() -> Non
     assert one["lp"].mean == {"cost_usd": 10.0, "unplaced": 2, "speedup_8gpu": None}
     assert one["lp"].ci95 == {}
     runs = {
-        "lp": [{"cost_usd": 10.0, "utilization_cpu": 0.6, "speedup_8gpu": None},
-               {"cost_usd": 11.0, "utilization_cpu": 0.62, "speedup_8gpu": 7.0},
-               {"cost_usd": 12.0, "utilization_cpu": 0.64, "speedup_8gpu": None}],
-        "greedy": [{"cost_usd": 12.0, "utilization_cpu": 0.5, "speedup_8gpu": None},
-                   {"cost_usd": 13.0, "utilization_cpu": 0.52, "speedup_8gpu": None},
-                   {"cost_usd": 14.5, "utilization_cpu": 0.54, "speedup_8gpu": None}],
+        "lp": [{"cost_usd": 10.0, "utilization_cpu": 0.6, "speedup_8gpu": None,
+                "decision_ms_p99": 1.0},
+               {"cost_usd": 11.0, "utilization_cpu": 0.62, "speedup_8gpu": 7.0,
+                "decision_ms_p99": 1.1},
+               {"cost_usd": 12.0, "utilization_cpu": 0.64, "speedup_8gpu": None,
+                "decision_ms_p99": 1.2}],
+        "greedy": [{"cost_usd": 12.0, "utilization_cpu": 0.5, "speedup_8gpu": None,
+                    "decision_ms_p99": 5.0},
+                   {"cost_usd": 13.0, "utilization_cpu": 0.52, "speedup_8gpu": None,
+                    "decision_ms_p99": 5.5},
+                   {"cost_usd": 14.5, "utilization_cpu": 0.54, "speedup_8gpu": None,
+                    "decision_ms_p99": 6.5}],
     }
     s = summarize(runs)
     assert s["lp"].mean["cost_usd"] == pytest.approx(11.0)
     low, high = s["lp"].ci95["cost_usd"]
     hw = T975[2] * 1.0 / math.sqrt(3)  # s = 1
     assert (low, high) == (pytest.approx(11.0 - hw, abs=1e-3), pytest.approx(11.0 + hw, abs=1e-3))
+    # decision_ms_p99 (wall clock: the machine as much as the policy) gets an interval but
+    # no verdict; lp's is lower in every seed and was reported as a win.
     assert s["lp"].better_than == {"cost_usd": ["greedy"], "utilization_cpu": ["greedy"]}
     assert s["greedy"].better_than == {}
+    assert "decision_ms_p99" in s["lp"].ci95
     # A metric missing in some seeds: mean of the seeds that have it, no interval.
     assert s["lp"].mean["speedup_8gpu"] == 7.0
     assert "speedup_8gpu" not in s["lp"].ci95
