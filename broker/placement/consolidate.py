@@ -224,10 +224,11 @@ class _LpRule:
 
     def lost_h(self, n: NodeState) -> float:
         """Hours of work the longest-lived of `n`'s workloads loses if stopped now
-        (`lost_work_s` of its age since submission)."""
+        (`lost_work_s` of its age since submission); `n` is a candidate: it reports
+        workloads, all in the snapshot (restartable)."""
         specs = self.snapshot.workloads
-        return max((lost_work_s(self.snapshot.now_s - specs[w].submitted_s)
-                    for w in n.workloads if w in specs), default=RESTART_LOST_S) / 3600.0
+        return max(lost_work_s(self.snapshot.now_s - specs[w].submitted_s)
+                   for w in n.workloads) / 3600.0
 
     def restart_usd(self, n: NodeState, p: Pool) -> float:
         """What a restart of `n`'s workloads loses: each one's whole run rate (a gang
@@ -287,8 +288,10 @@ def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset
     A candidate's requests must fit whole on one receiver: a usable node of a pool of the
     cluster that tolerates all of its workloads (`tolerates`: its own pool, or another of a
     shape, GPU model and pricing they accept), so a job left alone on a big node may move to
-    another pool's free room. Best fit (the receiver with the least free vCPU that fits),
-    whose room is then taken; a receiver is not drained in the same epoch. Each pool drains
+    another pool's free room. The receiver is the one whose paid time the move extends least
+    (`_LpRule.extension_usd`), then best fit (least free vCPU); the node goes only if its
+    saving beats the restart plus that extension; the receiver's room is then taken, and a
+    receiver is not drained in the same epoch. Each pool drains
     at most ceil(10 %) of its nodes, and never below `floor` (the nodes its forecast needs,
     less those going idle this epoch). The restartable test goes first: it is a set lookup
     and rules out the nodes that run services (nearly all), so the receivers are listed only

@@ -55,7 +55,15 @@ from broker.sim.snapshot import (
     pool_replica_counts,
     replica_counts,
 )
-from broker.sim.state import CapacityError, Group, Node, SimPool, WorkloadState, remove_pod
+from broker.sim.state import (
+    CapacityError,
+    Group,
+    Node,
+    SimPool,
+    WorkloadState,
+    pod_nodes,
+    remove_pod,
+)
 from broker.sim.state import make_cluster as _make_cluster
 
 POLICIES = ("traditional", "karpenter", "greedy", "lp", "lp+rl")
@@ -561,7 +569,7 @@ class Engine:
                 for i in range(g.count):
                     home = g.nodes[i] if i < len(g.nodes) else None
                     gpus = g.gpu_nodes[i] if i < len(g.gpu_nodes) else []
-                    for n in {id(m): m for m in ([home] if home else []) + gpus}.values():
+                    for n in pod_nodes(home, gpus):
                         per = pods.setdefault(id(n), {})
                         per[ws.ev.id] = per.get(ws.ev.id, 0) + 1
         for c in self.clusters.values():

@@ -345,13 +345,7 @@ def with_pods(snap: FederationSnapshot, engine: Engine) -> FederationSnapshot:
                 last = memo[key] = PodsReading(sp.version)
             nodes = sp.node_list
             out = pool
-            if last.version == sp.version and last.pool_in is not None \
-                    and last.pool_out is not None \
-                    and last.pool_in.node_states is pool.node_states:
-                # The same nodes and pods, another Pool (a price, a count): the same states.
-                if last.pool_out is not last.pool_in:
-                    out = replace(pool, node_states=last.pool_out.node_states)
-            elif len(nodes) == len(pool.node_states) and any(n.pods for n in nodes):
+            if len(nodes) == len(pool.node_states) and any(n.pods for n in nodes):
                 out = replace(pool, node_states=tuple(
                     _reported(last, i, st, tuple(n.pods)) if n.pods else st
                     for i, (st, n) in enumerate(zip(pool.node_states, nodes, strict=True))))

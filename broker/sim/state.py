@@ -63,13 +63,13 @@ class Node:
 
 def add_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
     """One replica of `wid` now has its home and GPUs on these nodes (`Node.pods`)."""
-    for n in _members(home, gpus):
+    for n in pod_nodes(home, gpus):
         n.pods[wid] = n.pods.get(wid, 0) + 1
 
 
 def remove_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
     """One replica of `wid` has left these nodes (`Node.pods`)."""
-    for n in _members(home, gpus):
+    for n in pod_nodes(home, gpus):
         k = n.pods.get(wid, 0) - 1
         if k > 0:
             n.pods[wid] = k
@@ -77,7 +77,8 @@ def remove_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
             n.pods.pop(wid, None)
 
 
-def _members(home: Node | None, gpus: list[Node]) -> list[Node]:
+def pod_nodes(home: Node | None, gpus: list[Node]) -> list[Node]:
+    """The distinct nodes one replica is on: its home, then the nodes of its GPUs."""
     out = [home] if home is not None else []
     for n in gpus:
         if all(m is not n for m in out):
