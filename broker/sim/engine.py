@@ -146,6 +146,8 @@ class Engine:
         # trace holds thousands of finished jobs the snapshot need not walk every epoch.
         self.unfinished: dict[str, WorkloadState] = {}
         self.pending: dict[str, None] = {}  # insertion-ordered set of ids with pending replicas
+        self.epochs_run = 0  # planning epochs finished (WorkloadState.queued_for_epoch)
+        self._in_epoch = False
         self.now = 0.0
         self.metrics = Metrics(self)
         self.action = config.fixed_action
@@ -202,6 +204,8 @@ class Engine:
         """`ws` has replicas pending now (submitted, scaled up, evicted): the placement loop
         runs at the next epoch, as live (`PlacementLoop.wake`), whatever woke it: the time
         the loop chose to sleep until was read before the events that happen meanwhile."""
+        if ws.ev.id not in self.pending:  # it joins the queue now: the first epoch to see it
+            ws.queued_for_epoch = self.epochs_run + (2 if self._in_epoch else 1)
         self.pending[ws.ev.id] = None
         self._woken = True
 
@@ -242,7 +246,10 @@ class Engine:
             if t_epoch > horizon:
                 break
             self._advance(t_epoch)
+            self._in_epoch = True
             self._epoch()
+            self._in_epoch = False
+            self.epochs_run += 1
             self._last_epoch = t_epoch
             self._woken = False  # what this epoch queued, `_next_epoch_time` sees
             if self.progress is not None:

@@ -40,7 +40,11 @@ Formulas (also in docs/twin.md):
   unplaced for hours and looked 30 % cheaper than lp while serving a third less.
 - queued_replica_h = integral(replicas waiting for placement) / 3600, jobs and services alike:
   work a policy has not started, which cost_usd does not see.
-- unplaced: workloads with replicas still pending at the horizon.
+- unplaced: workloads with replicas still pending at the horizon that a planning epoch left
+  pending: an epoch ran after they last joined the queue (`WorkloadState.queued_for_epoch`).
+  Replicas the horizon's own epoch evicts (a drain, a consolidation) would be placed at the
+  next epoch, which the run does not reach: before 2026-12-02 they counted, so a policy that
+  consolidates looked as if it left work unplaced (lp 0.2-0.4 on retail-peak and edge-heavy).
 - decision_ms_p99: wall-clock ms of the planner call (plus observe + forward pass for lp+rl
   in the epochs where the policy decides).
 """
@@ -303,7 +307,9 @@ class Metrics:
         def rnd(x: float | None, nd: int = 4) -> float | None:
             return None if x is None else round(x, nd)
 
-        unplaced = sum(1 for ws in eng.workloads.values() if ws.pending > 0 and not ws.finished)
+        unplaced = sum(1 for ws in eng.workloads.values()
+                       if ws.pending > 0 and not ws.finished
+                       and eng.epochs_run >= ws.queued_for_epoch)
         return {
             "utilization_cpu": rnd(self.cpu_used_s / self.cpu_prov_s if self.cpu_prov_s else None),
             "utilization_gpu": rnd(self.gpu_used_s / self.gpu_prov_s if self.gpu_prov_s else None),

@@ -406,6 +406,10 @@ class WorkloadState:
     pending: int
     groups: list[Group] = field(default_factory=list)
     pending_since: float = 0.0
+    # The count of finished planning epochs from which one has seen it pending since it last
+    # joined the queue (Engine.queued): `unplaced` counts only work an epoch left pending, not
+    # what the horizon's own epoch drained or what arrived after the last epoch (metrics.py).
+    queued_for_epoch: int = 1
     max_running: int = 0
     started_s: float | None = None
     finished: bool = False

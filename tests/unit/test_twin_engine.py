@@ -7,13 +7,17 @@ FakeCatalog so every expected number can be computed by hand.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
 
-from broker.domain import PolicyAction
+from broker.domain import FederationSnapshot, PolicyAction
+from broker.placement.kinds import PoolScaleIn
+from broker.placement.planner import EpochPlan, PlannerConfig
 from broker.sim import physics
-from broker.sim.engine import Engine, SimConfig
+from broker.sim.applying import node_name
+from broker.sim.engine import Engine, SimConfig, default_planner
 from broker.sim.realize import TwinNoise
 from broker.sim.scenario import Scenario, parse_scenario, parse_trace
 from broker.sim.whatif import with_whatif
@@ -100,6 +104,39 @@ def test_capacity_never_exceeded_and_overflow_stays_pending() -> None:
     assert pool.nodes == 1
     assert m["unplaced"] == 1  # the third never fit within 1000 s
     assert sum(1 for w in eng.workloads.values() if w.finished) == 1
+
+
+def test_work_the_horizons_own_epoch_drains_is_not_counted_unplaced() -> None:
+    # A 1-vCPU job that outlives the run. A planner that drains its node in the epoch at
+    # the horizon (a consolidation) leaves it pending when the run ends; the next epoch would
+    # place it, so no epoch left it unplaced. A job that never fits (5 vCPU on 4-vCPU nodes)
+    # was left pending by every epoch: it counts.
+    trace = "a,0,batch,1,1,1,0,7200,,,0,,0\nc,0,batch,1,5,1,0,7200,,,0,,0\n"
+    scn = scenario(doc(nodes=2, max_nodes=2, horizon_s=600.0), trace)
+    eng = Engine(scn, FakeCatalog(), SimConfig(policy="lp", check_invariants=True,
+                                               noise=TwinNoise.off()))
+    plan_epoch = default_planner()
+    drained: list[float] = []
+
+    def drain_at_horizon(snapshot: FederationSnapshot, action: PolicyAction,
+                         config: PlannerConfig, policy: str) -> EpochPlan:
+        plan = plan_epoch(snapshot, action, config, policy)
+        if eng.now < scn.horizon_s:
+            return plan
+        c = eng.clusters["c1"]
+        p = c.pools[0]
+        node = eng.workloads["a"].groups[0].nodes[0]
+        drained.append(eng.now)
+        name = node_name(c, p, p.node_list.index(node))
+        return dataclasses.replace(plan, scale_in=(
+            PoolScaleIn(c.name, p.spec.name, (name,), reason="consolidate"),))
+
+    eng.planner = drain_at_horizon
+    m = eng.run()
+    assert drained == [600.0]
+    assert eng.workloads["a"].pending == 1  # evicted at the horizon
+    assert eng.workloads["c"].pending == 1
+    assert m["unplaced"] == 1  # c, not a
 
 
 def test_determinism_same_seed_same_metrics() -> None:
@@ -249,8 +286,7 @@ def test_work_queued_by_an_event_an_epoch_scheduled_wakes_the_loop_at_the_next_e
     event a decision pushed during that epoch (here: a spot reclaim at 100 s, pushed by the
     first epoch) that puts work back to pending must still get the next epoch (120 s), as
     the live loop's wake-up would, not the next housekeeping tick (300 s)."""
-    from broker.domain import FederationSnapshot
-    from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
+    from broker.placement.planner import plan_epoch
     from broker.sim import faults
     from broker.sim.scenario import FaultSpec
 
