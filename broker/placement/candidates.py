@@ -68,6 +68,7 @@ from broker.placement.feasibility import (
     sets_per_new_node,
     tenancy_mask,
 )
+from broker.placement.memo import PlanMemo
 from broker.placement.weighted import targets as weighted_targets
 
 FloatArray = npt.NDArray[np.float64]
@@ -259,7 +260,8 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      site_cost_fraction: float = 1.0, packing: bool = False,
                      paid_cost_fraction: float = PAID_NODE_COST_FRACTION,
                      node_boot_s: float = NODE_BOOT_S, node_idle_s: float = 0.0,
-                     queued: Sequence[Workload] = (), columns: bool = True) -> CandidateSet:
+                     queued: Sequence[Workload] = (), columns: bool = True,
+                     memo: PlanMemo | None = None) -> CandidateSet:
     """Feasibility, cost and the k best options of every pending workload.
 
     `packing` selects the fixed-charge model (module docstring): marginal per-replica
@@ -270,7 +272,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     `queued`: pending workloads not in this batch, for feasibility.py's reservation rule.
     `columns=False`: feasibility and cost only, for a caller that reads no LP columns
     (migrate.py): `cand` and `infeasible_counts` are empty per workload and `gpu_sets` has
-    no rows.
+    no rows. `memo`: what earlier plans resolved (memo.py; speed only).
     """
     wls = tuple(snapshot.pending if workloads is None else workloads)
     options = build_options(snapshot)
@@ -280,7 +282,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     replicas = np.array([max(0, w.spec.replicas) for w in wls], dtype=np.int64)
     table = option_table(options)
     node = table.node
-    rtt = rtt_table(snapshot, wls, options)
+    rtt = rtt_table(snapshot, wls, options, memo)
     masks = family_masks(snapshot, wls, options, demand, node, rtt)
     visible = tenancy_mask(wls, options)
     feasible = visible.copy()

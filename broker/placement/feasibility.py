@@ -46,6 +46,7 @@ from broker.domain import (
     WorkloadSpec,
 )
 from broker.placement import queueing, topology
+from broker.placement.memo import PlanMemo
 from broker.placement.network import RttResolver
 
 if TYPE_CHECKING:
@@ -289,21 +290,30 @@ def _option_clusters(options: Sequence[Option]) -> tuple[IntArray, list[Cluster]
 
 
 def rtt_table(snapshot: FederationSnapshot, wls: Sequence[Workload],
-              options: Sequence[Option]) -> FloatArray:
+              options: Sequence[Option], memo: PlanMemo | None = None) -> FloatArray:
     """W x O RTT in ms from each workload's user region to each option's cluster
     (network.RttResolver); nan where unknown or the workload names no user region.
-    One lookup per (region, cluster), not per option."""
+    One lookup per (region, cluster), not per option; with `memo`, each region's row over
+    the clusters is last epoch's while the network maps and places are unchanged."""
     col, clusters = _option_clusters(options)
-    resolver = RttResolver(snapshot)
+    cache = memo.rtts(snapshot) if memo is not None else None
+    resolver = RttResolver(snapshot, cache)
+    names = tuple([c.name for c in clusters])
     regions: dict[str | None, int] = {None: 0}  # row 0: no user region, all nan
     row = np.array([regions.setdefault(w.spec.user_region, len(regions)) for w in wls],
                    dtype=np.int64)
     table = np.full((len(regions), len(options)), np.nan)
     for region, r in regions.items():
-        if region is not None:
+        if region is None:
+            continue
+        per_cluster = memo.rtt_rows.get((region, names)) if memo is not None else None
+        if per_cluster is None:
             per_cluster = np.array([np.nan if v is None else v for v in (
                 resolver.rtt_ms(region, c) for c in clusters)], dtype=np.float64)
-            table[r] = per_cluster[col]
+            if memo is not None:
+                per_cluster.flags.writeable = False
+                memo.rtt_rows[(region, names)] = per_cluster
+        table[r] = per_cluster[col]
     out: FloatArray = table[row]
     return out
 
@@ -353,7 +363,8 @@ def running_slo_utilization(spec: WorkloadSpec, running: int) -> float | None:
     return queueing.offered_load(spec.replicas) / running
 
 
-def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
+def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
+                 memo: PlanMemo | None = None
                  ) -> tuple[tuple[Workload, ...], dict[str, int]]:
     """The workloads as the SLO-aware planner places them, and the replicas it adds to each.
 
@@ -372,7 +383,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload]
     the SLO): unchanged, and the SLO bounds RTT alone as before. Weighted splits (Karmada's
     static weights divide the asked count) and non-services are left as they are.
     """
-    resolver = RttResolver(snapshot)
+    resolver = RttResolver(snapshot, memo.rtts(snapshot) if memo is not None else None)
     out: list[Workload] = []
     extra: dict[str, int] = {}
     for w in wls:

@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from broker.domain import (
     Assignment,
@@ -64,6 +65,7 @@ from broker.placement.candidates import BoolArray, CandidateSet, FloatArray, bui
 from broker.placement.decisions import DecisionConfig
 from broker.placement.feasibility import latency_mask, running_slo_utilization
 from broker.placement.kinds import Migration
+from broker.placement.memo import PlanMemo
 from broker.placement.network import RttResolver
 
 Pair = tuple[str, str]
@@ -80,6 +82,7 @@ class _Ask:
     reason: str
     avoid: frozenset[str] = frozenset()
     only: frozenset[str] | None = None
+    placed: int = 0  # replicas its placement holds
 
 
 def leaving_workloads(snapshot: FederationSnapshot) -> dict[str, set[str]]:
@@ -94,43 +97,54 @@ def leaving_workloads(snapshot: FederationSnapshot) -> dict[str, set[str]]:
     return out
 
 
-def _asks(snapshot: FederationSnapshot, reasons: frozenset[str]) -> list[_Ask]:
+def _asks(snapshot: FederationSnapshot, reasons: frozenset[str],
+          memo: PlanMemo | None = None) -> list[_Ask]:
     """Rules 1-4 of the module docstring: who may move and under which reason."""
     pending = {w.id for w in snapshot.pending}
-    may_move: list[tuple[Placement, Workload]] = []
+    workloads = snapshot.workloads
+    may_move: list[tuple[Placement, Workload, int]] = []
     for p in snapshot.running:
-        w = snapshot.workloads.get(p.workload_id)
-        if w is None or w.id in pending or w.spec.spread is not None \
-                or w.spec.replica_weights or not p.assignments \
-                or p.placed_replicas < w.spec.replicas:
+        w = workloads.get(p.workload_id)
+        if w is None or not p.assignments:
             continue
-        may_move.append((p, w))
+        spec = w.spec
+        if w.id in pending or spec.spread is not None or spec.replica_weights:
+            continue
+        placed = sum([a.replicas for a in p.assignments])
+        if placed < spec.replicas:
+            continue
+        may_move.append((p, w, placed))
     if not may_move:  # e.g. only the batch's partly placed workloads: skip the node scan
         return []
     leaving = leaving_workloads(snapshot)
     healthy = {c.name for c in snapshot.clusters if c.healthy}
     by_name = {c.name: c for c in snapshot.clusters}
     resolver: RttResolver | None = None
+    displaced = snapshot.displaced
+    movable_only = reasons == NODE_LOSS_ONLY
     out: list[_Ask] = []
-    for p, w in may_move:
-        here = {a.cluster for a in p.assignments}
+    for p, w, placed in may_move:
         if w.id in leaving:
-            out.append(_Ask(p, w, "node-loss", avoid=frozenset(leaving[w.id])))
+            out.append(_Ask(p, w, "node-loss", avoid=frozenset(leaving[w.id]), placed=placed))
             continue
-        if w.spec.kind is not WorkloadKind.SERVICE or reasons == NODE_LOSS_ONLY:
+        spec = w.spec
+        if spec.kind is not WorkloadKind.SERVICE or movable_only:
             continue
-        slo, region = w.spec.latency_slo_ms, w.spec.user_region
+        slo, region = spec.latency_slo_ms, spec.user_region
         if slo is not None and region is not None:
-            resolver = resolver or RttResolver(snapshot)
-            rtts = [resolver.rtt_ms(region, by_name[c]) for c in here if c in by_name]
-            if any(r is not None and r > slo for r in rtts):
-                out.append(_Ask(p, w, "slo"))
+            if resolver is None:
+                resolver = RttResolver(snapshot, memo.rtts(snapshot) if memo is not None
+                                       else None)
+            if any((r := resolver.rtt_ms(region, by_name[a.cluster])) is not None and r > slo
+                   for a in p.assignments if a.cluster in by_name):
+                out.append(_Ask(p, w, "slo", placed=placed))
                 continue
-        home = set(snapshot.displaced.get(w.id, ())) & healthy - here
-        if home:
-            out.append(_Ask(p, w, "recovered", only=frozenset(home)))
-            continue
-        out.append(_Ask(p, w, "better"))
+        if w.id in displaced:
+            home = set(displaced[w.id]) & healthy - {a.cluster for a in p.assignments}
+            if home:
+                out.append(_Ask(p, w, "recovered", only=frozenset(home), placed=placed))
+                continue
+        out.append(_Ask(p, w, "better", placed=placed))
     return [a for a in out if a.reason in reasons]
 
 
@@ -148,8 +162,7 @@ def _feasible(asks: list[_Ask], cs: CandidateSet, slo_queueing: bool) -> BoolArr
     as copying each spec with that `slo_utilization`, without ~1,000 copies an epoch."""
     if not slo_queueing:
         return cs.feasible
-    utils = [running_slo_utilization(a.workload.spec, int(r))
-             for a, r in zip(asks, cs.replicas, strict=True)]
+    utils = [running_slo_utilization(a.workload.spec, a.placed) for a in asks]
     if all(u is None for u in utils):
         return cs.feasible
     out: BoolArray = cs.feasible & latency_mask(cs.workloads, cs.rtt_ms, utils)
@@ -159,80 +172,115 @@ def _feasible(asks: list[_Ask], cs: CandidateSet, slo_queueing: bool) -> BoolArr
 def _sources(asks: list[_Ask], cs: CandidateSet, running: FloatArray
              ) -> tuple[list[list[int]], FloatArray]:
     """Per ask, the options it runs on now and its running cost there (USD/h, all replicas;
-    inf when a pool it runs on is not an option now)."""
+    inf when a pool it runs on is not an option now). The cost sums each assignment's
+    replicas x running cost in assignment order, as a loop would."""
     index = {(o.cluster.name, o.pool.name): o.index for o in cs.options}
     src_idx: list[list[int]] = []
-    now_cost = np.zeros(len(asks))
+    rows: list[int] = []
+    cols: list[int] = []
+    counts: list[int] = []
+    missing = np.zeros(len(asks), dtype=bool)
     for i, ask in enumerate(asks):
-        here = [(index.get((a.cluster, a.pool)), a.replicas) for a in ask.placement.assignments]
-        idx = [j for j, _ in here if j is not None]
+        idx = []
+        for a in ask.placement.assignments:
+            j = index.get((a.cluster, a.pool))
+            if j is None:
+                missing[i] = True
+                continue
+            idx.append(j)
+            rows.append(i)
+            cols.append(j)
+            counts.append(a.replicas)
         src_idx.append(idx)
-        if len(idx) < len(here):
-            now_cost[i] = math.inf
-        else:
-            row = running[i]
-            now_cost[i] = float(sum(row[j] * n for j, n in here))
+    r = np.array(rows, dtype=np.int64)
+    terms = running[r, np.array(cols, dtype=np.int64)] * np.array(counts, dtype=np.int64)
+    now_cost: FloatArray = np.bincount(r, weights=terms, minlength=len(asks)).astype(
+        np.float64, copy=False)
+    now_cost[missing] = math.inf
     return src_idx, now_cost
+
+
+def _worth_first(reasons: list[str], now_cost: FloatArray, new_cost: FloatArray,
+                 one_off: FloatArray, has_src: BoolArray, cfg: DecisionConfig) -> BoolArray:
+    """`_worth` of every ask at once (the same arithmetic, element by element)."""
+    always = np.array([r in ("node-loss", "slo") for r in reasons], dtype=bool)
+    recovered = np.array([r == "recovered" for r in reasons], dtype=bool)
+    known = has_src & np.isfinite(now_cost)
+    with np.errstate(invalid="ignore"):
+        saving = now_cost - new_cost
+        better = (saving >= cfg.migration_min_saving_fraction * now_cost) & (saving > 1e-12) \
+            & (saving >= cfg.migration_min_saving_usd_per_hour - 1e-12) \
+            & (saving * cfg.migration_payback_h >= one_off - 1e-12)
+        back = new_cost <= now_cost + 1e-9
+    out: BoolArray = always | (known & np.where(recovered, back, better))
+    return out
 
 
 def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: DecisionConfig, *,
                k: int, service_horizon_h: float, site_cost_fraction: float,
                placed: Mapping[Pair, tuple[float, float, int]],
                reasons: frozenset[str] = REASONS,
-               slo_queueing: bool = False) -> tuple[Migration, ...]:
-    """The moves of this epoch for the rules in `reasons` (see the module docstring)."""
+               slo_queueing: bool = False,
+               memo: PlanMemo | None = None) -> tuple[Migration, ...]:
+    """The moves of this epoch for the rules in `reasons` (see the module docstring;
+    `memo`: memo.py, speed only)."""
     if not cfg.migrate or not snapshot.running:
         return ()
-    asks = _asks(snapshot, reasons)
+    asks = _asks(snapshot, reasons, memo)
     if not asks:
         return ()
-    wls = [_as_running(a.workload, a.placement.placed_replicas) for a in asks]
+    wls = [_as_running(a.workload, a.placed) for a in asks]
     cs = build_candidates(snapshot, action, k=k, service_horizon_h=service_horizon_h,
-                          workloads=wls, site_cost_fraction=site_cost_fraction, columns=False)
+                          workloads=wls, site_cost_fraction=site_cost_fraction, columns=False,
+                          memo=memo)
     if not cs.options:
         return ()
     room = _Room(cs, placed)
     feasible = _feasible(asks, cs, slo_queueing)
     running = cs.compute + cs.latency + cs.bias
     move = np.where(feasible, cfg.migration_overlap_h * cs.usd_per_hour, np.inf)
-    names = np.array([o.cluster.name for o in cs.options])
     reps = cs.replicas.astype(np.int64)
     # One-off cost: overlap running + the data's egress to the target (all replicas).
     one_off = (move + cs.egress) * reps[:, None]
     ok = feasible.copy()
     sources, now_costs = _sources(asks, cs, running)
+    ii = np.repeat(np.arange(len(asks)), [len(s) for s in sources])
+    ok[ii, np.array([j for s in sources for j in s], dtype=np.int64)] = False
+    names: npt.NDArray[np.str_] | None = None
     for i, ask in enumerate(asks):
-        ok[i, sources[i]] = False
-        if ask.avoid:
-            ok[i] &= ~np.isin(names, list(ask.avoid))
-        if ask.only is not None:
-            ok[i] &= np.isin(names, list(ask.only))
+        if ask.avoid or ask.only is not None:
+            if names is None:
+                names = np.array([o.cluster.name for o in cs.options])
+            if ask.avoid:
+                ok[i] &= ~np.isin(names, list(ask.avoid))
+            if ask.only is not None:
+                ok[i] &= np.isin(names, list(ask.only))
     score = np.where(ok, running * reps[:, None] + one_off, np.inf)
     # Each ask's cheapest option first, for all at once: most asks stop there (nothing
     # feasible, or the cheapest move is not worth it, so no dearer one is).
     first = np.argmin(np.where(np.isnan(score), np.inf, score), axis=1)
+    at = np.arange(len(asks))
+    go = np.isfinite(score[at, first]) & _worth_first(
+        [a.reason for a in asks], now_costs, running[at, first] * reps, one_off[at, first],
+        np.array([bool(s) for s in sources], dtype=bool), cfg)
     out: list[Migration] = []
     better: list[tuple[float, int, int, float]] = []  # (-saving, ask, option, one-off)
-    for i, ask in enumerate(asks):
+    for i in np.flatnonzero(go).tolist():
+        ask = asks[i]
         r = int(reps[i])
         src_idx, now_cost = sources[i], float(now_costs[i])
-        j0 = int(first[i])
-        if not math.isfinite(score[i, j0]) or not _worth(
-                ask.reason, now_cost, float(running[i, j0]) * r, float(one_off[i, j0]),
-                src_idx, cfg):
-            continue
-        for j in np.argsort(score[i], kind="stable"):
+        for j in np.argsort(score[i], kind="stable").tolist():
             if not math.isfinite(score[i, j]):
                 break
             new_cost = float(running[i, j]) * r
             if not _worth(ask.reason, now_cost, new_cost, float(one_off[i, j]), src_idx, cfg):
                 break  # the cheapest fitting option is not worth it: no dearer one is
             if ask.reason == "better":  # budgeted: decided below, largest saving first
-                if room.take(i, int(j), r, dry=True) != 0:
+                if room.take(i, j, r, dry=True) != 0:
                     continue  # a move for a saving uses room there is, never buys nodes
-                better.append((new_cost - now_cost, i, int(j), float(one_off[i, j])))
+                better.append((new_cost - now_cost, i, j, float(one_off[i, j])))
                 break
-            m = _move(cs, room, ask, i, int(j), now_cost, float(one_off[i, j]))
+            m = _move(cs, room, ask, i, j, now_cost, float(one_off[i, j]))
             if m is not None:
                 out.append(m)
                 break

@@ -127,15 +127,28 @@ class RttResolver:
     of a cluster with coordinates). None when neither is known.
     """
 
-    def __init__(self, snapshot: FederationSnapshot) -> None:
-        self._measured = snapshot.rtt_ms
-        self._coords: dict[str, tuple[float, float]] = {
-            u.name: (u.lat, u.lon) for u in snapshot.user_regions}
-        for c in snapshot.clusters:
-            if c.lat is not None and c.lon is not None:
-                self._coords.setdefault(c.region_key, (c.lat, c.lon))
-                self._coords.setdefault(c.name, (c.lat, c.lon))
-        self._cache: dict[tuple[str, str], float | None] = {}
+    def __init__(self, snapshot: FederationSnapshot,
+                 cache: dict[tuple[str, str], float | None] | None = None) -> None:
+        """`cache`: resolved RTTs to reuse and add to (a `memo.PlanMemo`'s, valid for this
+        snapshot's maps and places); else a new one for this resolver alone."""
+        self._snapshot = snapshot
+        self._coords_map: dict[str, tuple[float, float]] | None = None
+        self._cache: dict[tuple[str, str], float | None] = {} if cache is None else cache
+
+    @property
+    def _coords(self) -> dict[str, tuple[float, float]]:
+        """Coordinates by user-region name, cluster name and region key (built on first
+        use: a resolver whose answers are all cached never needs them)."""
+        coords = self._coords_map
+        if coords is None:
+            snapshot = self._snapshot
+            coords = {u.name: (u.lat, u.lon) for u in snapshot.user_regions}
+            for c in snapshot.clusters:
+                if c.lat is not None and c.lon is not None:
+                    coords.setdefault(c.region_key, (c.lat, c.lon))
+                    coords.setdefault(c.name, (c.lat, c.lon))
+            self._coords_map = coords
+        return coords
 
     def rtt_ms(self, user_region: str, cluster: Cluster) -> float | None:
         key = (user_region, cluster.name)
@@ -144,10 +157,11 @@ class RttResolver:
         return self._cache[key]
 
     def _resolve(self, user_region: str, cluster: Cluster) -> float | None:
+        measured = self._snapshot.rtt_ms
         for other in (cluster.name, cluster.region_key):
             for pair in ((user_region, other), (other, user_region)):
-                if pair in self._measured:
-                    return float(self._measured[pair])
+                if pair in measured:
+                    return float(measured[pair])
         if user_region in (cluster.region_key, cluster.name):
             return RTT_FLOOR_MS
         src = self._coords.get(user_region)

@@ -46,6 +46,7 @@ from broker.placement.decisions import DecisionConfig
 from broker.placement.feasibility import size_for_slo
 from broker.placement.kinds import Migration, NodeReplace, PoolScale, PoolScaleIn, Prewarm, Retry
 from broker.placement.ledger import Ledger, penalties, tenant_budgets
+from broker.placement.memo import PlanMemo
 
 __all__ = [
     "FULL_NODE_POLICIES",
@@ -222,6 +223,7 @@ def plan_epoch(
     config: PlannerConfig,
     *,
     policy: str = "lp",
+    memo: PlanMemo | None = None,
 ) -> EpochPlan:
     """Every decision of this epoch (see the module docstring).
 
@@ -230,17 +232,19 @@ def plan_epoch(
     SLO_QUEUEING_POLICIES the batch's latency-SLO services are first sized for their SLO
     under queueing (feasibility.size_for_slo; the added replicas in `slo_extra_replicas`).
     Then, on the same snapshot: retries for what stayed unplaced, prewarms, migrations and
-    scale-ins.
+    scale-ins. `memo`: what the caller's earlier plans resolved (memo.py: speed only, the
+    same plan with or without it); a fresh one per call by default.
     """
     if policy not in POLICIES:
         raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     if policy in FULL_NODE_POLICIES and action.headroom != 1.0:
         action = dataclasses.replace(action, headroom=1.0)
     t0 = time.perf_counter()
-    snapshot, queued, extra = solved_batch(snapshot, config, policy=policy)
+    memo = PlanMemo() if memo is None else memo
+    snapshot, queued, extra = solved_batch(snapshot, config, policy=policy, memo=memo)
     batch = snapshot.pending
     if batch:
-        cs = candidates(snapshot, action, config, queued=queued)
+        cs = candidates(snapshot, action, config, queued=queued, memo=memo)
         plan = plan_candidates(cs, snapshot, config, policy=policy,
                                candidates_s=time.perf_counter() - t0)
     else:
@@ -248,10 +252,11 @@ def plan_epoch(
                                                 source="empty"))
     if extra:
         plan = dataclasses.replace(plan, slo_extra_replicas=extra)
-    return with_decisions(plan, snapshot, action, config, policy=policy)
+    return with_decisions(plan, snapshot, action, config, policy=policy, memo=memo)
 
 
-def solved_batch(snapshot: FederationSnapshot, config: PlannerConfig, *, policy: str
+def solved_batch(snapshot: FederationSnapshot, config: PlannerConfig, *, policy: str,
+                 memo: PlanMemo | None = None
                  ) -> tuple[FederationSnapshot, tuple[Workload, ...], dict[str, int]]:
     """The snapshot with the batch plan_epoch solves as `pending`, the pending work backing
     off this epoch (`queued`: whole nodes are reserved for its large jobs), and the
@@ -268,14 +273,15 @@ def solved_batch(snapshot: FederationSnapshot, config: PlannerConfig, *, policy:
     queued = tuple(w for w in snapshot.pending if w.id not in due_ids)
     extra: dict[str, int] = {}
     if policy in SLO_QUEUEING_POLICIES:
-        batch, extra = size_for_slo(snapshot, batch)
+        batch, extra = size_for_slo(snapshot, batch, memo)
     if policy in SLO_QUEUEING_POLICIES or len(batch) != len(snapshot.pending):
         snapshot = dataclasses.replace(snapshot, pending=batch)
     return snapshot, queued, extra
 
 
 def candidates(snapshot: FederationSnapshot, action: PolicyAction,
-               config: PlannerConfig, *, queued: Sequence[Workload] = ()) -> CandidateSet:
+               config: PlannerConfig, *, queued: Sequence[Workload] = (),
+               memo: PlanMemo | None = None) -> CandidateSet:
     """The candidate set of `snapshot.pending` as plan_epoch prices it under `config`
     (`queued`: pending work not in the batch, for the whole-node reservation)."""
     return build_candidates(snapshot, action, k=config.k_candidates,
@@ -284,11 +290,13 @@ def candidates(snapshot: FederationSnapshot, action: PolicyAction,
                             packing=config.packing,
                             paid_cost_fraction=config.paid_cost_fraction,
                             node_boot_s=config.node_boot_s,
-                            node_idle_s=config.decisions.forecast_idle_s, queued=queued)
+                            node_idle_s=config.decisions.forecast_idle_s, queued=queued,
+                            memo=memo)
 
 
 def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: PolicyAction,
-                   config: PlannerConfig, *, policy: str) -> EpochPlan:
+                   config: PlannerConfig, *, policy: str,
+                   memo: PlanMemo | None = None) -> EpochPlan:
     """`plan` (placements of `snapshot.pending`) with the epoch's other decisions added.
 
     Retries for the unplaced; images and data for placements that wait; node prewarm ahead
@@ -310,7 +318,7 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
         snapshot, action, cfg, k=config.k_candidates, service_horizon_h=config.service_horizon_h,
         site_cost_fraction=config.site_cost_fraction, placed=placed,
         reasons=migrate.REASONS if policy == "lp" else migrate.NODE_LOSS_ONLY,
-        slo_queueing=policy in SLO_QUEUEING_POLICIES)
+        slo_queueing=policy in SLO_QUEUEING_POLICIES, memo=memo)
     growing = set(placed) | {(s.cluster, s.pool) for s in plan.scale if s.add_nodes > 0} | \
         {(p.cluster, p.pool) for p in prewarm if p.nodes > 0} | \
         {(a.cluster, a.pool) for m in moves for a in m.target.assignments}

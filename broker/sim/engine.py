@@ -111,11 +111,16 @@ class SimConfig:
 
 
 def default_planner() -> PlannerFn:
+    """plan_epoch with one memo for the run (placement/memo.py: speed only; the twin's
+    snapshots hand out the same RTT map while nothing measured changed it)."""
+    from broker.placement.memo import PlanMemo
     from broker.placement.planner import plan_epoch
+
+    memo = PlanMemo()
 
     def run(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerConfig,
             policy: str) -> EpochPlan:
-        return plan_epoch(snapshot, action, config, policy=policy)
+        return plan_epoch(snapshot, action, config, policy=policy, memo=memo)
 
     return run
 
