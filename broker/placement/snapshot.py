@@ -95,6 +95,12 @@ class MergeSettings:
     # Leave out clusters with absurd numbers (placement/sanity.py). Off only where every
     # input was validated on the way in (the twin's scenarios, sim/scenario.py).
     screen: bool = True
+    # False: every reading is current by construction (the twin's, made by the merge's
+    # caller as of `now_s`): each provenance age is 0 and no reading is stale for its age,
+    # so no merged value moves with the clock alone but a reclaim rate, and a `MergeMemo`
+    # may keep a member none of whose inputs changed as last merge's `Cluster`. (An agent's
+    # RTT past `rtt_max_age_s` still gives way to the estimate.) The live broker's are true.
+    ages: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +227,15 @@ def members_of(inputs: MergeInputs) -> list[Member]:
     return out
 
 
-def _age(now_s: float, at_s: float | None) -> float:
+def _age(now_s: float, at_s: float | None, settings: MergeSettings) -> float:
+    if not settings.ages:
+        return 0.0
     return round(max(0.0, now_s - at_s), 3) if at_s is not None else 0.0
 
 
-def _prov(source: str, now_s: float, at_s: float | None, limit_s: float) -> Provenance:
-    age = _age(now_s, at_s)
+def _prov(source: str, now_s: float, at_s: float | None, limit_s: float,
+          settings: MergeSettings) -> Provenance:
+    age = _age(now_s, at_s, settings)
     return Provenance(source, age, stale=at_s is not None and age > limit_s)
 
 
@@ -242,11 +251,12 @@ def price_of(pool: Pool, member: Member, inputs: MergeInputs, settings: MergeSet
         price = o.spot_price_usd_per_hour if pool.pricing is PricingModel.SPOT \
             else o.price_usd_per_hour
         if price is not None:
-            return price, _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s)
+            return price, _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s,
+                                        settings)
     source = member.price_sources.get(pool.name, "registration")
     prov = registered.get(source) if registered is not None else None
     if prov is None:
-        prov = Provenance(source, _age(inputs.now_s, member.registered_s))
+        prov = Provenance(source, _age(inputs.now_s, member.registered_s, settings))
         if registered is not None:
             registered[source] = prov
     return pool.price_usd_per_hour, prov
@@ -258,22 +268,26 @@ def _worst(provs: Sequence[Provenance]) -> Provenance:
     return min(provs, key=lambda p: (_SOURCE_RANK.get(p.source, 0), -p.age_s))
 
 
+def _quota_reading(member: Member, region: str, inputs: MergeInputs) -> QuotaReading | None:
+    """The synced quota of the member's account in `region`, if any (`quota_of`'s)."""
+    return inputs.quotas.get((member.account or "", region)) if member.account else None
+
+
 def quota_of(cluster: Cluster, pools: Sequence[Pool], member: Member, inputs: MergeInputs,
              settings: MergeSettings) -> tuple[float | None, float | None, bool, Provenance]:
     """(vCPU quota, GPU quota, stale, provenance) for the planner; see the module docstring.
     `pools`: the cluster's pools as observed (their nodes are this cluster's own use)."""
     keep = 1.0 - settings.stale_quota_margin
-    reading = inputs.quotas.get((member.account or "", cluster.region)) \
-        if member.account else None
+    reading = _quota_reading(member, cluster.region, inputs)
     if reading is None or (reading.vcpu_limit is None and reading.gpu_limit is None):
         stale = cluster.quota_stale
         frac = keep if stale else 1.0
         vcpu = None if cluster.quota_vcpu is None else cluster.quota_vcpu * frac
         gpu = None if cluster.quota_gpu is None else cluster.quota_gpu * frac
         source = "registration" if (vcpu, gpu) != (None, None) else "none"
-        return vcpu, gpu, stale, Provenance(source, _age(inputs.now_s, member.registered_s),
-                                            stale=stale)
-    prov = _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s)
+        return vcpu, gpu, stale, Provenance(
+            source, _age(inputs.now_s, member.registered_s, settings), stale=stale)
+    prov = _prov("sync", inputs.now_s, reading.synced_s, settings.sync_max_age_s, settings)
     stale = prov.stale or reading.failing
     frac = keep if stale else 1.0
     own_cpu = sum(p.node.cpu * p.nodes for p in pools)
@@ -295,9 +309,10 @@ def _health(member: Member, inputs: MergeInputs, settings: MergeSettings
     c = member.cluster
     hub = inputs.hub.get(c.name) if c.is_edge else None
     if hub is None:
-        return c.healthy, Provenance("registration", _age(inputs.now_s, member.registered_s))
+        return c.healthy, Provenance("registration",
+                                     _age(inputs.now_s, member.registered_s, settings))
     return (c.healthy and hub.health is not SiteHealth.DOWN,
-            _prov("hub", inputs.now_s, hub.heard_s, settings.hub_max_age_s))
+            _prov("hub", inputs.now_s, hub.heard_s, settings.hub_max_age_s, settings))
 
 
 def _release_gpus(states: tuple[NodeState, ...], gpus: int, per_node: int
@@ -336,16 +351,20 @@ class MergeMemo:
     its inventory's `observations` mapping the same objects, reclaims, reclaim rate, replica
     counts and released requests equal; no synced price or telemetry about it) keeps last
     merge's pools without looking at each (its provenance, quota and health are merged
-    afresh: their ages move with `now_s`); the network maps (RTT, egress, bandwidth) given as
-    the same mapping objects as last time, with no agent measurement, are last merge's copies
-    again. So the caller must not change a mapping it passed. The result is the merge
-    without a memo."""
+    afresh: their ages move with `now_s`); with `MergeSettings.ages` off (no age moves with
+    the clock), such a member whose quota reading, hub reading and settings are also
+    unchanged, with no agent RTT in the inputs, is last merge's `Cluster` itself; the network
+    maps (RTT, egress, bandwidth) given as the same mapping objects as last time, with no
+    agent measurement, are last merge's copies again. So the caller must not change a
+    mapping it passed. The result is the merge without a memo."""
 
     pools: dict[Pair, tuple[tuple[object, ...], Pool]] = field(default_factory=dict)
     maps: tuple[tuple[object, ...], NetworkMaps] | None = None
     # Per member name: its inputs, its merged pools and the source of its pricing provenance.
     clusters: dict[str, tuple[tuple[object, ...], tuple[Pool, ...], str]] = field(
         default_factory=dict)
+    # Per member name, with `MergeSettings.ages` off: its inputs and its merged Cluster.
+    members: dict[str, tuple[tuple[object, ...], Cluster]] = field(default_factory=dict)
 
 
 def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
@@ -353,36 +372,48 @@ def merge_cluster(member: Member, inputs: MergeInputs, settings: MergeSettings,
     """One member with every reading about it applied (commitments come after, for all)."""
     c = member.cluster
     now = inputs.now_s
-    prov: dict[str, Provenance] = {}
     inv = inputs.inventory.get(c.name)
-    if inv is not None:
-        prov["observed"] = _prov("inventory", now, inv.observed_s, settings.inventory_max_age_s)
     usage = inputs.usage.get(c.name)
-    if usage is not None:
-        prov["telemetry"] = _prov("telemetry", now, usage.read_s, settings.telemetry_max_age_s)
     key = _cluster_inputs(member, inv, usage, inputs) if memo is not None else None
+    whole = None  # everything the Cluster is made of, where no age moves it (`MergeMemo`)
+    if memo is not None and key is not None and not settings.ages and not inputs.rtts:
+        whole = (*key, settings, _quota_reading(member, c.region, inputs),
+                 inputs.hub.get(c.name) if c.is_edge else None)
+        hit = memo.members.get(c.name)
+        if hit is not None and _same_inputs(hit[0], whole):
+            return hit[1]
+    prov: dict[str, Provenance] = {}
+    if inv is not None:
+        prov["observed"] = _prov("inventory", now, inv.observed_s, settings.inventory_max_age_s,
+                                 settings)
+    if usage is not None:
+        prov["telemetry"] = _prov("telemetry", now, usage.read_s, settings.telemetry_max_age_s,
+                                  settings)
     kept = memo.clusters.get(c.name) if memo is not None and key is not None else None
+    memoised = inv is None or all(p.name in inv.observations for p in c.pools)
     if kept is not None and key is not None and _same_inputs(kept[0], key):
         # Every price is the registration's (no synced one): one source, one age.
         pools = kept[1]
-        prov["pricing"] = Provenance(kept[2], _age(now, member.registered_s))
+        prov["pricing"] = Provenance(kept[2], _age(now, member.registered_s, settings))
     else:
         pools, priced = _merged_pools(member, inv, usage, inputs, settings, memo)
         prov["pricing"] = _worst(priced) if priced else \
-            Provenance("registration", _age(now, member.registered_s))
-        if memo is not None and key is not None \
-                and (inv is None or all(p.name in inv.observations for p in c.pools)):
+            Provenance("registration", _age(now, member.registered_s, settings))
+        if memo is not None and key is not None and memoised:
             memo.clusters[c.name] = (key, pools, prov["pricing"].source)
     vcpu, gpu, stale, prov["quota"] = quota_of(c, pools, member, inputs, settings)
     healthy, prov["health"] = _health(member, inputs, settings)
-    rtt_ages = [_age(now, r.measured_s) for r in inputs.rtts if r.site == c.name]
+    rtt_ages = [_age(now, r.measured_s, settings) for r in inputs.rtts if r.site == c.name]
     if rtt_ages:
         prov["rtt"] = Provenance("agent", min(rtt_ages),
                                  stale=min(rtt_ages) > settings.rtt_max_age_s)
-    return replace(c, pools=pools, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
-                   healthy=healthy, provenance=prov,
-                   allowed_tenants=None if member.operator
-                   else frozenset({member.tenant}) | member.lent_to)
+    out = replace(c, pools=pools, quota_vcpu=vcpu, quota_gpu=gpu, quota_stale=stale,
+                  healthy=healthy, provenance=prov,
+                  allowed_tenants=None if member.operator
+                  else frozenset({member.tenant}) | member.lent_to)
+    if memo is not None and whole is not None and memoised:
+        memo.members[c.name] = (whole, out)
+    return out
 
 
 def _merged_pools(member: Member, inv: Inventory | None, usage: UsageReading | None,

@@ -16,7 +16,10 @@ it is, and a pool none of whose inputs changed (its reading, registration, price
 counts, reclaim rate) is last epoch's merged `Pool` again (placement/snapshot.py `MergeMemo`;
 the demand rates, which decay every epoch, sit beside the pools in `FederationSnapshot.demand`).
 A cluster whose registration and every pool reading are unchanged comes as last epoch's
-`Member` and observations mapping, the very objects, so the merge keeps its pools whole.
+`Member` and observations mapping, the very objects, so the merge keeps its pools whole; and
+since the twin's readings are current (`TWIN_MERGE.ages` off: every provenance age is 0), a
+member none of whose inputs changed (replica counts and reclaims too) is last epoch's merged
+`Cluster` itself.
 `SimConfig.reuse_observations = False` reads every pool and merges every pool afresh every
 epoch (the reference the tests compare against).
 """
@@ -62,14 +65,16 @@ if TYPE_CHECKING:
     from broker.sim.scenario import Scenario
 
 Pair = tuple[str, str]
-# The twin's readings are exact and current: nothing in it is ever stale; its numbers were
-# validated when the scenario was parsed (sim/scenario.py), so no screen is needed per epoch.
+# The twin's readings are exact and current: nothing in it is ever stale (every provenance
+# age is 0, `ages=False`: so an unchanged member merges to last epoch's Cluster, `MergeMemo`);
+# its numbers were validated when the scenario was parsed (sim/scenario.py), so no screen is
+# needed per epoch.
 # The taint a node being replaced carries (Karpenter v1's; placement/observed.py counts it as
 # a termination taint, so the node is leaving and gives no capacity).
 DISRUPTED = ("karpenter.sh/disrupted:NoSchedule",)
 TWIN_MERGE = MergeSettings(inventory_max_age_s=float("inf"), sync_max_age_s=float("inf"),
                            telemetry_max_age_s=float("inf"), rtt_max_age_s=float("inf"),
-                           hub_max_age_s=float("inf"), screen=False)
+                           hub_max_age_s=float("inf"), screen=False, ages=False)
 
 
 def pending_workload(ws: WorkloadState, replicas: int | None = None) -> Workload:

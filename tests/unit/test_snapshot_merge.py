@@ -482,6 +482,81 @@ def test_a_member_kept_whole_by_the_memo_equals_a_fresh_merge_whichever_input_ch
     assert whole > 2  # the member's pools were kept whole (base after base-like steps)
 
 
+def test_a_cluster_kept_whole_without_ages_equals_a_fresh_merge_whichever_input_changes(
+        ) -> None:
+    """With `MergeSettings.ages` off (the twin), `MergeMemo` hands a member none of whose
+    inputs changed back as last merge's `Cluster`: every input the member's merge reads,
+    changed alone (its pools' inputs, its quota reading, the hub's word on an edge member,
+    the settings, an agent's RTT), must give what a merge without the memo gives; a later
+    clock alone must not stop it (no age moves), but a reclaim rate, which moves with the
+    clock, must."""
+    ageless = replace(SETTINGS, ages=False)
+    p, gpu = pool(), pool("p4", gpu=8, itype="p4d.24xlarge")
+    reg = member(cluster("aws-use1", p, gpu, quota=64.0), account="acct")
+    edge = member(Cluster(name="edge-muc", provider="edge", region="edge-muc", lat=48.1,
+                          lon=11.6, pools=(pool("site", nodes=1, price=0.3,
+                                                pricing=PricingModel.EDGE),),
+                          quota_vcpu=10.0, quota_stale=True))  # the margin applies
+    nodes = [ObservedNode(name=f"n{i}", pool=q.name, allocatable=q.node,
+                          allocated=Resources(1.0, 2.0, 3 if q.node.gpu else 0))
+             for i, q in enumerate((p, p, gpu))]
+    reading = {q.name: observe(q, [n for n in nodes if n.pool == q.name]) for q in (p, gpu)}
+    inv = Inventory(observed_s=NOW, reclaims={"m5": 0}, since_s=0.0, observations=reading)
+    site_reading = {"site": observe(edge.cluster.pools[0], [])}
+    quota = QuotaReading(synced_s=NOW - 60.0, vcpu_limit=64.0, vcpu_used=40.0)
+    base = MergeInputs(now_s=NOW, members=(reg, edge), inventory={
+        "aws-use1": inv, "edge-muc": Inventory(observed_s=NOW, observations=site_reading)},
+        quotas={("acct", "us-east-1"): quota},
+        hub={"edge-muc": HubReading(SiteHealth.HEALTHY, NOW - 1.0)})
+    reclaimed = replace(base, inventory={**base.inventory,
+                                         "aws-use1": replace(inv, reclaims={"m5": 2})})
+    other_pool = replace(base, inventory={**base.inventory,  # the rate as high, elsewhere
+                                          "aws-use1": replace(inv, reclaims={"p4": 2})})
+    variants = [
+        replace(base, now_s=NOW + 60.0),  # kept: no age moves
+        replace(base, inventory={**base.inventory,
+                                 "aws-use1": replace(inv, observed_s=NOW - 5.0)}),  # kept
+        replace(base, inventory={**base.inventory, "aws-use1": replace(inv, reclaims={
+            "p4": 1})}),
+        reclaimed, replace(reclaimed, now_s=NOW + 3600.0), other_pool,
+        replace(base, replicas={("aws-use1", "p4"): (2, 1)}),
+        replace(base, released={("aws-use1", "m5"): Resources(1.0, 2.0, 0)}),
+        replace(base, usage={"aws-use1": UsageReading(NOW, {"p4": Resources(9.0, 1.0)})}),
+        replace(base, prices={("aws", "us-east-1", "p4d.24xlarge"): PriceReading(
+            offer(30.0), NOW - 10.0)}),
+        replace(base, quotas={("acct", "us-east-1"): replace(quota, vcpu_used=48.0)}),
+        replace(base, quotas={("acct", "us-east-1"): replace(quota, failing=True)}),
+        replace(base, quotas={}),
+        replace(base, hub={"edge-muc": HubReading(SiteHealth.DOWN, NOW - 1.0)}),
+        replace(base, hub={}),
+        replace(base, rtts=(RttReading("edge-muc", "u", 4.0, NOW),)),
+        replace(base, members=(replace(reg, operator=False, tenant="acme"), edge)),
+        replace(base, members=(replace(reg, cluster=cluster("aws-use1", p, gpu, quota=32.0)),
+                               edge)),
+        replace(base, inventory={**base.inventory, "aws-use1": replace(inv, observations={
+            **reading, "p4": observe(gpu, [replace(nodes[2], allocated=Resources())])})})]
+    steps = [base] + [x for v in variants for x in (v, base)]  # one input changed at a time
+    steps += [reclaimed, other_pool, reclaimed]
+    # A pool given as raw nodes, not a reading: the same mapping of readings, other nodes.
+    partial = replace(inv, observations={"m5": reading["m5"]}, nodes=(nodes[2],))
+    emptied = replace(partial, nodes=(replace(nodes[2], allocated=Resources()),))
+    steps += [replace(base, inventory={**base.inventory, "aws-use1": x})
+              for x in (partial, emptied, partial)]
+    memo = MergeMemo()
+    whole = 0
+    last: tuple[Cluster, ...] = ()
+    for settings in (ageless, replace(ageless, stale_quota_margin=0.5)):
+        for i, inputs in enumerate(steps):
+            got = merge(inputs, settings, memo=memo)
+            assert got == merge(inputs, settings), f"step {i}"
+            whole += sum(a is b for a, b in zip(got.clusters, last, strict=False))
+            last = got.clusters
+    assert whole > 4  # members were kept whole (base after base-like steps)
+    first = merge(base, ageless, memo=memo).clusters[0]
+    assert first is merge(replace(base, now_s=NOW + 60.0), ageless, memo=memo).clusters[0]
+    assert all(p.age_s == 0.0 for p in first.provenance.values())
+
+
 def test_data_named_by_its_cluster_gets_the_catalogs_egress_price() -> None:
     # The live snapshot's egress table (network.batch_maps) priced only data written as
     # `provider:region`; data named by a member cluster fell to the planner's fallback
