@@ -400,9 +400,9 @@ def observe_idle(eng: Engine) -> None:
                 if n.ready_at <= now and n.empty(gpus):
                     if n.idle_since is None:
                         n.idle_since = now
-                        p.changed()
+                        p.node_changed(n)
                 elif n.idle_since is not None:
                     n.idle_since = None
-                    p.changed()
+                    p.node_changed(n)
             p.idle_seen = (p.version, min(filter(now.__lt__, map(_READY_AT, p.node_list)),
                                           default=math.inf))

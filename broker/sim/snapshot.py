@@ -164,9 +164,9 @@ def pool_observation(c: SimCluster, p: SimPool, pool: Pool, now: float, *,
     cached = p.observed
     if reuse and cached is not None and cached[0] == p.version and now < cached[1]:
         return cached[2]
-    nodes, states, ready_at = _read_nodes(c, p, pool, now, reuse=reuse)
+    nodes, states, until = _read_nodes(c, p, pool, now, reuse=reuse)
     reading = observe(pool, nodes, states)
-    p.observed = (p.version, min(filter(now.__lt__, ready_at), default=math.inf), reading)
+    p.observed = (p.version, until, reading)
     return reading
 
 
@@ -194,17 +194,22 @@ _READY_AT = operator.attrgetter("ready_at")
 
 
 def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: bool
-                ) -> tuple[list[ObservedNode], list[NodeState], list[float]]:
-    """`observed_nodes`, each one's `node_state`, and each one's `ready_at`. A node whose
-    every observed value (`NodeKey`, being up) is as at the pool's last reading, at the same
-    index (its name), reuses what was made of it then (`SimPool.node_memo`): the values are
-    read and compared in C (attrgetter, map), so a pool where few nodes changed costs little
-    Python per node."""
+                ) -> tuple[list[ObservedNode], list[NodeState], float]:
+    """`observed_nodes`, each one's `node_state`, and when the next booting node comes up
+    (inf: none boots). A node whose every observed value (`NodeKey`, being up) is as at the
+    pool's last reading, at the same index (its name), reuses what was made of it then
+    (`SimPool.node_memo`). Where only single nodes changed since (`SimPool.touched`, the
+    node list as it was), only those and the nodes booting then are looked at; else every
+    node's values are read and compared in C (attrgetter, map), so a pool where few nodes
+    changed costs little Python per node."""
     nodes = p.node_list
+    last = p.node_memo if reuse else None
+    touched, p.touched = p.touched, []
+    if last is not None and touched is not None and len(nodes) == len(last.keys):
+        return _read_touched(c, p, pool, now, last, touched)
     keys = list(map(_NODE_KEY, nodes))
     ready_at = list(map(_READY_AT, nodes))
     ups = list(map(now.__ge__, ready_at))
-    last = p.node_memo if reuse else None
     observed: list[ObservedNode] = []
     states: list[NodeState] = []
     kept = 0
@@ -220,8 +225,31 @@ def _read_nodes(c: SimCluster, p: SimPool, pool: Pool, now: float, *, reuse: boo
         on = _observed_node(c, p, i, nodes[i], ups[i])
         observed.append(on)
         states.append(node_state(pool, on))
-    p.node_memo = NodeReading(keys, ups, observed, states)
-    return observed, states, ready_at
+    booting = list(compress(range(len(nodes)), map(operator.not_, ups)))
+    p.node_memo = NodeReading(keys, ups, observed, states,
+                              dict(zip(map(id, nodes), range(len(nodes)), strict=True)), booting)
+    return observed, states, min(filter(now.__lt__, ready_at), default=math.inf)
+
+
+def _read_touched(c: SimCluster, p: SimPool, pool: Pool, now: float, last: NodeReading,
+                  touched: list[Node]) -> tuple[list[ObservedNode], list[NodeState], float]:
+    """`_read_nodes` where the node list is as at the last reading and only the `touched`
+    nodes' values may have changed since; a node booting then may have come up."""
+    nodes = p.node_list
+    keys, ups = last.keys[:], last.ups[:]
+    observed, states = last.observed[:], last.states[:]
+    booting = [i for i in last.booting if nodes[i].ready_at > now]
+    index = last.index
+    # A touched node not in the list was vacated after it went: nothing of it to read.
+    for i in sorted({index[k] for k in map(id, touched) if k in index}.union(last.booting)):
+        n = nodes[i]
+        key, up = _NODE_KEY(n), n.ready_at <= now
+        if key != keys[i] or up != ups[i]:
+            keys[i], ups[i] = key, up
+            observed[i] = on = _observed_node(c, p, i, n, up)
+            states[i] = node_state(pool, on)
+    p.node_memo = NodeReading(keys, ups, observed, states, index, booting)
+    return observed, states, min([nodes[i].ready_at for i in booting], default=math.inf)
 
 
 def _observed_node(c: SimCluster, p: SimPool, i: int, n: Node, up: bool) -> ObservedNode:

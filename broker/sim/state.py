@@ -6,9 +6,11 @@ and what runs on it: CPU, memory and GPUs are tracked per node, because Kubernet
 pod on one node and a node can only go when nothing runs on it (no free repacking: a pool is
 not a fluid). Pool totals (`used_cpu`, `used_mem`) are kept alongside for the planner, which
 sees pools in aggregate plus their nodes. Whatever changes a pool's nodes (what runs on them,
-their timers, the list itself) calls `SimPool.changed()`: the snapshot reuses a pool's
-observed nodes until then (sim/snapshot.py). The engine checks `used <= allocatable` per node
-and per pool after every change; `CapacityError` means a bug, never a normal outcome.
+their timers, the list itself) calls `SimPool.changed()`, or `SimPool.node_changed(n)` where
+it changed node `n` alone: the snapshot reuses a pool's observed nodes until then, and after
+`node_changed` reads only those nodes again (sim/snapshot.py). The engine checks
+`used <= allocatable` per node and per pool after every change; `CapacityError` means a bug,
+never a normal outcome.
 """
 
 from __future__ import annotations
@@ -93,12 +95,15 @@ def _ready_at(n: Node) -> float:
 @dataclass(slots=True, eq=False)
 class NodeReading:
     """What the snapshot last read of a pool's nodes and made of them, per node index: the
-    values, whether each was up, its `ObservedNode` and `NodeState` (sim/snapshot.py)."""
+    values, whether each was up, its `ObservedNode` and `NodeState`; each node's index by
+    `id` and the indexes of the nodes not up then (sim/snapshot.py)."""
 
     keys: list[NodeKey]
     ups: list[bool]
     observed: list[ObservedNode]
     states: list[NodeState]
+    index: dict[int, int]
+    booting: list[int]
 
 
 @dataclass(slots=True)
@@ -116,6 +121,10 @@ class SimPool:
     demand_at_s: float = 0.0  # when the two rates above were last brought up to date
     zones: int = 1  # the cluster's zone count: new nodes go to the zone with fewest nodes
     version: int = 0  # bumped by `changed()`, whenever a node or the node list changes
+    # The nodes changed one by one (`node_changed`: occupy, vacate) since the snapshot last
+    # read the pool, so it reads only those again; None: any node or the list may have
+    # changed (`changed()`, which every other change calls): it compares every node.
+    touched: list[Node] | None = None
     # The snapshot's reading of the nodes: (version, valid until (a booting node's ready_at),
     # the reading); sim/snapshot.py owns it.
     observed: tuple[int, float, PoolObservation] | None = None
@@ -143,6 +152,18 @@ class SimPool:
     def changed(self) -> None:
         """A node or the node list changed: the snapshot must read the nodes again."""
         self.version += 1
+        self.touched = None
+
+    def node_changed(self, n: Node) -> None:
+        """Node `n`'s values changed, nothing else (not the node list): `changed()`, but the
+        snapshot need read only `n` again (`touched`)."""
+        self.version += 1
+        touched = self.touched
+        if touched is not None:
+            if len(touched) < len(self.node_list):
+                touched.append(n)
+            else:  # as many as a full reading: compare every node
+                self.touched = None
 
     @property
     def nodes(self) -> int:
@@ -265,7 +286,7 @@ class SimPool:
                    n.used_mem / node.memory_gib if node.memory_gib > 0 else 0.0)
 
     def occupy(self, n: Node, cpu: float, mem: float, gpus: int) -> None:
-        self.version += 1
+        self.node_changed(n)
         n.used_cpu += cpu
         n.used_mem += mem
         n.gpu_free -= gpus
@@ -277,7 +298,7 @@ class SimPool:
         self.used_mem += mem
 
     def vacate(self, n: Node, cpu: float, mem: float, gpus: int, now: float) -> None:
-        self.version += 1
+        self.node_changed(n)
         # max(0.0, x) and the like, written out (what max/min return, ties included).
         x = self.used_cpu - cpu
         self.used_cpu = x if x > 0.0 else 0.0
@@ -303,7 +324,7 @@ class SimPool:
         open_nodes = [n for n in self.node_list if not n.cordoned]
         if sum(n.gpu_free for n in open_nodes) < gpus:
             return None
-        self.version += 1
+        self.changed()
         taken: list[Node] = []
         for n in sorted(open_nodes, key=lambda n: -n.gpu_free):
             while n.gpu_free > 0 and len(taken) < gpus:
@@ -315,7 +336,7 @@ class SimPool:
     def add_nodes(self, count: int, ready_at: float, *, prewarmed: bool = False) -> int:
         """Order nodes; each goes to the zone with the fewest nodes (zone-balanced groups)."""
         count = max(0, min(count, self.spec.max_nodes - self.nodes))
-        self.version += 1
+        self.changed()
         per_zone = [0] * max(1, self.zones)  # kept as nodes come: one count, not one a node
         for n in self.node_list:
             per_zone[n.zone % len(per_zone)] += 1

@@ -22,7 +22,7 @@ from broker.sim import snapshot as sim_snapshot
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.metrics import Metrics
 from broker.sim.scenario import ClusterSpec, PoolSpec, Scenario, load_scenario
-from broker.sim.state import make_cluster
+from broker.sim.state import Node, make_cluster
 from providers.catalog import Catalog
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
@@ -131,6 +131,61 @@ def test_a_pool_read_again_equals_a_fresh_reading_whichever_node_value_changes()
         now = now + 100.0 if i < len(changes) - 1 else 6000.0
         got = sim_snapshot.pool_observation(c, p, pool, now)
         assert got == sim_snapshot.pool_observation(c, p, pool, now, reuse=False), f"change {i}"
+
+
+def test_a_pool_read_again_after_single_node_changes_equals_a_fresh_reading() -> None:
+    """Where only single nodes changed since the last reading (`SimPool.node_changed`:
+    occupy, vacate, the idle timers), `_read_nodes` looks at those and the nodes booting then
+    only: each such change, alone or several between readings, a booting node coming up, a
+    node vacated after it went, and a change of the list or of many nodes (`changed()`), must
+    give what a reading without the memo gives; and the short path must have been taken."""
+    spec = PoolSpec(name="p4", instance_type="p4d.24xlarge", node=Resources(96.0, 1152.0, 8),
+                    nodes=5, max_nodes=20, spot=False, price_usd_per_hour=32.0,
+                    interconnect=Interconnect.NVLINK_PAIRS)
+    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("a",),
+                                 lat=0.0, lon=0.0, pools=(spec,)))
+    p = c.pools[0]
+    pool = sim_snapshot.registration(c, 0.0).cluster.pools[0]
+    p.add_nodes(2, 250.0)  # booting until 250 s
+    nodes = list(p.node_list)
+    gone = nodes[0]
+
+    def idle(n: Node) -> None:
+        n.idle_since = 42.0  # as applying.observe_idle does
+        p.node_changed(n)
+
+    def remove() -> None:
+        p.node_list.remove(gone)
+        p.changed()
+
+    changes = [
+        lambda: p.occupy(nodes[1], 12.0, 64.0, 3),
+        lambda: p.occupy(nodes[3], 1.0, 1.0, 0),
+        lambda: (p.occupy(nodes[2], 1.0, 2.0, 1), p.occupy(nodes[4], 2.0, 2.0, 2)),
+        lambda: p.vacate(nodes[1], 12.0, 64.0, 3, 100.0),
+        lambda: (p.occupy(nodes[0], 1.0, 1.0, 0), p.vacate(nodes[0], 1.0, 1.0, 0, 110.0)),
+        lambda: idle(nodes[2]),
+        lambda: p.occupy(nodes[5], 4.0, 4.0, 4),  # a booting node
+        lambda: None,  # the booting nodes come up (the clock, below)
+        lambda: p.vacate(nodes[5], 4.0, 4.0, 4, 300.0),
+        remove,
+        lambda: p.vacate(gone, 1.0, 1.0, 0, 400.0),  # a node vacated after it went
+        lambda: [p.occupy(n, 0.5, 0.5, 0) for n in p.node_list * 2],  # many: compare all
+        lambda: p.occupy(nodes[3], 1.0, 1.0, 1)]
+    now = 100.0
+    sim_snapshot.pool_observation(c, p, pool, now)
+    short = 0
+    for i, change in enumerate(changes):
+        memo = p.node_memo
+        change()
+        now = 300.0 if i == 7 else now + 10.0
+        got = sim_snapshot.pool_observation(c, p, pool, now)
+        assert memo is not None
+        assert p.node_memo is not None
+        short += p.node_memo.index is memo.index  # the short path keeps the index
+        assert got == sim_snapshot.pool_observation(c, p, pool, now, reuse=False), f"change {i}"
+        assert p.touched == []
+    assert short >= 8
 
 
 def test_a_clusters_readings_are_kept_only_while_no_pool_changed_and_none_came_up() -> None:
