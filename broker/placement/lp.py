@@ -115,6 +115,8 @@ from broker.placement.candidates import BoolArray, CandidateSet, FloatArray, Int
 from broker.placement.feasibility import gpu_class
 from broker.placement.ledger import node_costs
 
+# Threads of HiGHS's task scheduler (`_one_thread`).
+HIGHS_THREADS = 1
 _BANNER_LOCK = threading.Lock()
 _banner_state = {"silenced": False}
 
@@ -251,10 +253,10 @@ def quiet_highs() -> Any:
     import highspy
 
     if _banner_state["silenced"]:
-        return highspy.Highs()  # type: ignore[no-untyped-call]
+        return _one_thread(highspy.Highs())  # type: ignore[no-untyped-call]
     with _BANNER_LOCK:
         if _banner_state["silenced"]:
-            return highspy.Highs()  # type: ignore[no-untyped-call]
+            return _one_thread(highspy.Highs())  # type: ignore[no-untyped-call]
         sys.stdout.flush()
         saved = os.dup(1)
         try:
@@ -267,8 +269,23 @@ def quiet_highs() -> Any:
         finally:
             os.dup2(saved, 1)
             os.close(saved)
+        # Whatever started HiGHS's process-wide task scheduler before (another library's
+        # instance), it starts again with HIGHS_THREADS at the next run.
+        h.resetGlobalScheduler(True)
         _banner_state["silenced"] = True
-        return h
+        return _one_thread(h)
+
+
+def _one_thread(h: Any) -> Any:
+    """`h` on HIGHS_THREADS threads. Why one: the models here are small (a twin epoch's MIP
+    has ~250 columns and closes at its root node), and HiGHS's worker threads cost more
+    than they save on them: replaying federation-day's first 4 h of plans (462 epochs,
+    125 MIPs) took 1.76 / 1.64 s of MIP CPU with the default and 1.08 / 0.98 s with one
+    thread, and on the loaded 2-core machine the MIPs' wall time was 2-3x their CPU time
+    with the default (waiting for a worker). The plans were the same. HiGHS takes the
+    thread count once per process, when its scheduler starts: every instance sets it."""
+    h.setOptionValue("threads", HIGHS_THREADS)
+    return h
 
 
 def _highs(model: Model, *, integer: bool, time_limit_s: float, mip_gap: float) -> object:
