@@ -38,16 +38,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import typer
 
 from broker.domain import Resources, Site, SiteHealth
-from broker.federation.edge_hub import EdgeHub, EdgeService
-from broker.placement.standby import EdgeServiceNeed
-from broker.settings import EdgeSettings, MqttSettings
-from edge_agent.protocol import Route, ServiceSpec, Topics, decode
+
+if TYPE_CHECKING:  # the hub and the protocol load when the bench runs, not with the CLI
+    from broker.federation.edge_hub import EdgeHub
+    from edge_agent.protocol import Route
 
 CENTER = (34.69, 135.50)  # Osaka; sites and users spread over ~50 km
 
@@ -184,6 +184,8 @@ async def _watch_routes(run: _Run, ready: asyncio.Event) -> None:
     retained routes it then re-receives are not failovers and are not matched)."""
     import aiomqtt
 
+    from edge_agent.protocol import Route, Topics, decode
+
     url = urlsplit(run.cfg.broker)
     topics = Topics(run.prefix)
     while True:
@@ -207,6 +209,8 @@ async def _watch_routes(run: _Run, ready: asyncio.Event) -> None:
 async def _cleanup_retained(run: _Run, sites: list[str], services: list[str]) -> None:
     """Leave nothing behind in the shared broker's retained store."""
     import aiomqtt
+
+    from edge_agent.protocol import Topics
 
     url = urlsplit(run.cfg.broker)
     topics = Topics(run.prefix)
@@ -303,6 +307,11 @@ def _agent_usage(run: _Run, window_s: float = 5.0) -> tuple[float, float, float]
 
 async def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None
                     ) -> dict[str, Any]:
+    from broker.federation.edge_hub import EdgeHub, EdgeService
+    from broker.placement.standby import EdgeServiceNeed
+    from broker.settings import EdgeSettings, MqttSettings
+    from edge_agent.protocol import ServiceSpec
+
     say = log or (lambda _m: None)
     rng = random.Random(cfg.seed)
     prefix = f"bench-{uuid.uuid4().hex[:10]}/v1"

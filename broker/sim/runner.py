@@ -14,11 +14,13 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from broker.placement.policy import ActorCritic
-from broker.sim.controller import PolicyController
 from broker.sim.engine import Engine, PlannerFn, SimConfig
 from broker.sim.scenario import CatalogLike, Scenario
+
+if TYPE_CHECKING:  # torch is imported where a policy runs (lp+rl), not to run the others
+    from broker.placement.policy import ActorCritic
 
 
 @dataclass
@@ -34,6 +36,8 @@ def load_model(checkpoint: str | Path | None) -> ActorCritic | None:
     """`checkpoint`: a path, "none" for fixed weights, or None for the shipped default."""
     if checkpoint is not None and str(checkpoint).lower() == "none":
         return None
+    from broker.placement.policy import ActorCritic
+
     if checkpoint:
         return ActorCritic.load(Path(checkpoint))
     return ActorCritic.load_default()
@@ -52,6 +56,8 @@ def run_policy(scenario: Scenario, policy: str, catalog: CatalogLike | None, *,
             policy_cfg = replace(cfg, policy="lp")
             eng = Engine(scenario, catalog, policy_cfg, planner=planner, progress=progress)
             return RunResult("lp+rl", eng.run(), eng.metrics.series, notes, eng)
+        from broker.sim.controller import PolicyController
+
         controller = PolicyController(model)
         notes += [f"checkpoint: {w}" for w in model.fixed_weights_warnings()]
     eng = Engine(scenario, catalog, replace(cfg, policy=policy),

@@ -21,11 +21,13 @@ import os
 import queue as queue_mod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from broker.placement.policy import ActorCritic
 from broker.sim.runner import load_model, run_policy
 from broker.sim.scenario import CatalogLike, Scenario
+
+if TYPE_CHECKING:  # torch loads with a checkpoint (lp+rl) only
+    from broker.placement.policy import ActorCritic
 
 POLL_S = 0.2
 PARALLEL_MIN_EVENTS = 2000  # below this a run is shorter than a worker's start-up
