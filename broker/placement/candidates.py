@@ -126,13 +126,20 @@ class Option:
 
 @dataclass(frozen=True, slots=True)
 class OptionTable:
-    """What the solvers read about every option's pool, read once per candidate build.
+    """What the solvers read about every option, read once per snapshot.
 
     `node`: O x 3 allocatable per node (cpu, memory_gib, gpu); `free`: O x 3 free now
     (`Pool.free`, not clipped: it is negative on an over-committed pool); `can_add`: O,
-    nodes the pool may still add; `quota`: cluster name -> `quota_headrooms`, and
-    `option_quota` the same per option (O x 2: vCPU, GPU; inf = no quota). The arrays are
-    read-only, so one table is shared by every Ledger and model built on the set.
+    nodes the pool may still add; `quota`: cluster name -> the vCPUs and GPUs its new nodes
+    may still take under its provider quota (`_cluster_block`), and
+    `option_quota` the same per option (O x 2: vCPU, GPU; inf = no quota). Per option too:
+    its cluster's name (`cluster_of`) and position in `clusters` (`col`; the snapshot's
+    clusters that have pools, in order), the node price (USD/h), whether the pool is spot
+    or priced as fixed hardware (`edge_priced`: PricingModel.EDGE; `fixed`: that, or on an
+    edge cluster), its cluster's health, the GPU interconnect's rank, the GPU model
+    (lower case, "" for none) and the provider's minimum billed hours of a node;
+    `cluster_options`: cluster name -> its options. The arrays are read-only, so one table
+    is shared by every Ledger and model built on the set.
     """
 
     node: FloatArray
@@ -140,21 +147,129 @@ class OptionTable:
     can_add: IntArray
     quota: Mapping[str, tuple[float | None, float | None]]
     option_quota: FloatArray
+    cluster_of: tuple[str, ...] = ()
+    col: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    clusters: tuple[Cluster, ...] = ()
+    price: FloatArray = field(default_factory=lambda: np.zeros(0))
+    spot: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    edge_priced: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    fixed: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    healthy: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    ic_rank: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gpu_model: tuple[str, ...] = ()
+    billing_h: FloatArray = field(default_factory=lambda: np.zeros(0))
+    cluster_options: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class _ClusterBlock:
+    """One cluster's part of the option table (`options_and_table`), made once per Cluster
+    value; its Options are made again only where the cluster's first option index moved."""
+
+    cluster: Cluster
+    rows: list[tuple[float, ...]]  # per pool: Pool.figures, price, spot, edge-priced, IC rank
+    models: list[str]
+    quota: tuple[float | None, float | None]
+    start: int = -1
+    options: tuple[Option, ...] = ()
+
+
+def _cluster_block(c: Cluster) -> _ClusterBlock:
+    """The cluster's rows, and the vCPUs and GPUs its new nodes may still take under its
+    provider quota. Quotas count provisioned nodes, so what is left is the quota minus what
+    the cluster's pools have now. The quota is taken as given: the snapshot merge
+    (placement/snapshot.py) already took what others use and, for a stale one, the safety
+    margin off. None = no quota known."""
+    rows: list[tuple[float, ...]] = []
+    have_cpu = have_gpu = 0.0
+    for p in c.pools:
+        rows.append((*p.figures, p.price_usd_per_hour,
+                     1.0 if p.pricing is PricingModel.SPOT else 0.0,
+                     1.0 if p.pricing == PricingModel.EDGE else 0.0,
+                     float(p.interconnect.rank)))
+        have_cpu += p.node.cpu * p.nodes
+        have_gpu += p.node.gpu * p.nodes
+    q_cpu, q_gpu = c.quota_vcpu, c.quota_gpu
+    quota = (None if q_cpu is None else max(0.0, q_cpu - have_cpu),
+             None if q_gpu is None else max(0.0, q_gpu - have_gpu))
+    return _ClusterBlock(c, rows, [(p.gpu_model or "").lower() for p in c.pools], quota)
+
+
+def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
+                      ) -> tuple[tuple[Option, ...], OptionTable]:
+    """The snapshot's options (each pool of each cluster, in order) and their OptionTable.
+    With `memo`: the same objects again while the snapshot's clusters are the same Cluster
+    objects as at the last call, and each unchanged cluster's part of the table as it was
+    (the twin's merge hands out an unchanged member's Cluster again, placement/snapshot.py).
+    """
+    clusters = snapshot.clusters
+    if memo is not None and memo.option_table is not None:
+        last, out = memo.option_table
+        if len(last) == len(clusters) and all(a is b for a, b in zip(last, clusters,
+                                                                        strict=True)):
+            return out  # type: ignore[return-value]
+    blocks = memo.option_blocks if memo is not None else {}
+    options: list[Option] = []
+    rows: list[tuple[float, ...]] = []
+    models: list[str] = []
+    col: list[int] = []
+    names: list[str] = []
+    quota: dict[str, tuple[float | None, float | None]] = {}
+    with_pools: list[Cluster] = []
+    by_cluster: dict[str, tuple[int, ...]] = {}
+    for c in clusters:
+        blk = blocks.get(c.name)
+        if not isinstance(blk, _ClusterBlock) or blk.cluster is not c:
+            blk = _cluster_block(c)
+            blocks[c.name] = blk
+        start = len(options)
+        if blk.start != start:
+            blk.options = tuple(Option(index=start + i, cluster=c, pool=p)
+                                for i, p in enumerate(c.pools))
+            blk.start = start
+        if not blk.options:
+            continue
+        ci = len(with_pools)
+        with_pools.append(c)
+        options.extend(blk.options)
+        rows.extend(blk.rows)
+        models.extend(blk.models)
+        n = len(blk.options)
+        col.extend([ci] * n)
+        names.extend([c.name] * n)
+        quota[c.name] = blk.quota
+        by_cluster[c.name] = tuple(range(start, start + n))
+    table = np.array(rows, dtype=np.float64).reshape(-1, 11)
+    col_a = np.array(col, dtype=np.int64)
+    healthy_c = np.array([c.healthy for c in with_pools], dtype=bool)
+    edge_c = np.array([c.is_edge for c in with_pools], dtype=bool)
+    billing_c = np.array([BILLING_MIN_S.get(c.provider, DEFAULT_BILLING_MIN_S)
+                          for c in with_pools], dtype=np.float64) / 3600.0
+    quota_c = np.array([[np.inf if v is None else v for v in quota[c.name]]
+                        for c in with_pools], dtype=np.float64).reshape(-1, 2)
+    edge_priced = table[:, 9] > 0.5
+    arrays = {
+        "node": np.ascontiguousarray(table[:, 0:3]),
+        "free": np.ascontiguousarray(table[:, 3:6]),
+        "can_add": table[:, 6].astype(np.int64), "option_quota": quota_c[col_a],
+        "col": col_a, "price": np.ascontiguousarray(table[:, 7]), "spot": table[:, 8] > 0.5,
+        "edge_priced": edge_priced, "fixed": edge_priced | edge_c[col_a],
+        "healthy": healthy_c[col_a], "ic_rank": table[:, 10].astype(np.int64),
+        "billing_h": billing_c[col_a]}
+    for a in arrays.values():
+        a.flags.writeable = False
+    out = (tuple(options), OptionTable(
+        quota=MappingProxyType(quota), cluster_of=tuple(names), clusters=tuple(with_pools),
+        gpu_model=tuple(models), cluster_options=MappingProxyType(by_cluster), **arrays))
+    if memo is not None:
+        memo.option_table = (clusters, out)
+    return out
 
 
 def option_table(options: Sequence[Option]) -> OptionTable:
-    rows = np.array([o.pool.figures for o in options], dtype=np.float64).reshape(-1, 7)
-    node = np.ascontiguousarray(rows[:, 0:3])
-    free = np.ascontiguousarray(rows[:, 3:6])
-    can_add = rows[:, 6].astype(np.int64)
-    quota = quota_headrooms(options)
-    by_cluster = {name: [np.inf if v is None else v for v in left]
-                  for name, left in quota.items()}
-    option_quota = np.array([by_cluster[o.cluster.name] for o in options],
-                            dtype=np.float64).reshape(-1, 2)
-    for a in (node, free, can_add, option_quota):
-        a.flags.writeable = False
-    return OptionTable(node, free, can_add, MappingProxyType(quota), option_quota)
+    """The OptionTable of `options` (a snapshot's, in `options_and_table` order)."""
+    clusters = tuple({o.cluster.name: o.cluster for o in options}.values())
+    return options_and_table(FederationSnapshot(now_s=0.0, clusters=clusters, pending=()))[1]
 
 
 _NO_SETS: Mapping[tuple[int, GpuClass], tuple[int, int]] = MappingProxyType({})
@@ -216,7 +331,7 @@ class CandidateSet:
         return self.table.node
 
     def quota_left(self, cluster: str) -> tuple[float | None, float | None]:
-        """The cluster's vCPU and GPU quota headroom for new nodes (`quota_headrooms`)."""
+        """The cluster's vCPU and GPU quota headroom for new nodes (`OptionTable.quota`)."""
         return self.table.quota[cluster]
 
 
@@ -246,14 +361,6 @@ def egress_usd_per_gb(snapshot: FederationSnapshot, clusters: Mapping[str, Clust
     return EGRESS_INTERNET_USD_PER_GB
 
 
-def build_options(snapshot: FederationSnapshot) -> tuple[Option, ...]:
-    out: list[Option] = []
-    for cluster in snapshot.clusters:
-        for pool in cluster.pools:
-            out.append(Option(index=len(out), cluster=cluster, pool=pool))
-    return tuple(out)
-
-
 def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      k: int, service_horizon_h: float,
                      workloads: Sequence[Workload] | None = None,
@@ -275,44 +382,45 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     no rows. `memo`: what earlier plans resolved (memo.py; speed only).
     """
     wls = tuple(snapshot.pending if workloads is None else workloads)
-    options = build_options(snapshot)
+    options, table = options_and_table(snapshot, memo)
     clusters = {c.name: c for c in snapshot.clusters}
-    demand = np.array([[w.spec.resources.cpu, w.spec.resources.memory_gib,
-                        w.spec.resources.gpu] for w in wls], dtype=np.float64).reshape(-1, 3)
+    demand = np.array([(r.cpu, r.memory_gib, r.gpu) for r in
+                       [w.spec.resources for w in wls]], dtype=np.float64).reshape(-1, 3)
     replicas = np.array([max(0, w.spec.replicas) for w in wls], dtype=np.int64)
-    table = option_table(options)
     node = table.node
-    rtt = rtt_table(snapshot, wls, options, memo)
-    masks = family_masks(snapshot, wls, options, demand, node, rtt)
+    rtt = rtt_table(snapshot, wls, options, memo, table=table)
+    masks = family_masks(snapshot, wls, options, demand, node, rtt, table=table)
     visible = tenancy_mask(wls, options)
     feasible = visible.copy()
     for m in masks.values():
         feasible &= m
-    targets, in_share = weighted_targets(wls, [o.cluster for o in options], feasible)
+    targets, in_share = weighted_targets(wls, [o.cluster for o in options], feasible) \
+        if any(w.spec.replica_weights for w in wls) else \
+        (tuple({} for _ in wls), np.ones(feasible.shape, dtype=np.bool_))
     counts = _infeasible_counts(visible, masks, feasible, in_share) if columns else \
         tuple({} for _ in wls)
     feasible &= in_share
     parts = _costs(snapshot, action, wls, options, clusters, demand, node, rtt,
-                   service_horizon_h, site_cost_fraction)
+                   service_horizon_h, site_cost_fraction, table=table)
     compute, egress, latency, bias, usdh = parts
     node_usd: FloatArray | None = None
     list_compute: FloatArray | None = None
     if packing:
         list_compute = compute
-        paid = np.array([1.0 if o.pool.pricing == PricingModel.EDGE else paid_cost_fraction
-                         for o in options], dtype=np.float64)
+        paid = np.where(table.edge_priced, 1.0, paid_cost_fraction)
         compute = compute * paid[None, :]
         idle_s = np.array([action.for_pool("idle_timeout_s", o.cluster.name, o.pool.name,
                                            node_idle_s) for o in options], dtype=np.float64) \
             if action.idle_timeout_s or action.pool_idle_timeout_s \
             else np.full(len(options), float(node_idle_s))
-        node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s + idle_s)
+        node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s + idle_s,
+                                table=table)
     cost = np.where(feasible, compute + egress + latency + bias, np.inf)
     domains = tuple(
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
         tuple(() for _ in wls)
-    cand = _prune(wls, _prune_key(cost, demand, options, table.free, usdh, node_usd), k,
+    cand = _prune(wls, _prune_key(cost, demand, table.price, table.free, usdh, node_usd), k,
                   domains, targets, options) if columns else \
         tuple(np.zeros(0, dtype=np.int64) for _ in wls)
     return CandidateSet(
@@ -371,25 +479,23 @@ def gpu_set_table(wls: Sequence[Workload], options: Sequence[Option], feasible: 
 
 
 def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[Workload],
-                 service_horizon_h: float, node_boot_s: float | FloatArray) -> FloatArray:
+                 service_horizon_h: float, node_boot_s: float | FloatArray, *,
+                 table: OptionTable | None = None) -> FloatArray:
     """USD charged in the objective for opening one node of each option (module docstring):
     its price over the paid seconds no work uses (`node_boot_s`: boot, plus the idle timer
     after its last replica, per option or one number) and the work it is opened for."""
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
     longest = np.where(feasible, hours[:, None], 0.0).max(axis=0) if len(wls) else \
         np.zeros(len(options))
-    fixed = np.array([o.pool.pricing == PricingModel.EDGE or o.cluster.is_edge
-                      for o in options], dtype=bool)
-    billing_h = np.array([BILLING_MIN_S.get(o.cluster.provider, DEFAULT_BILLING_MIN_S)
-                          for o in options], dtype=np.float64) / 3600.0
-    price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
+    table = table if table is not None else option_table(options)
+    fixed, billing_h, price = table.fixed, table.billing_h, table.price
     span_h = np.maximum(billing_h, np.minimum(service_horizon_h, longest))
     idle_h = np.maximum(0.0, np.asarray(node_boot_s, dtype=np.float64)) / 3600.0
     out: FloatArray = np.where(fixed, 0.0, price * (idle_h + span_h))
     return out
 
 
-def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
+def _prune_key(cost: FloatArray, demand: FloatArray, price: FloatArray,
                free: FloatArray, usdh: FloatArray, node_usd: FloatArray | None) -> FloatArray:
     """Cost to rank candidates by: with packing, plus the replica's share of a new node's
     charge where the pool's free room cannot take one replica (it would open a node).
@@ -397,9 +503,8 @@ def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
     The share of the charge is usd_per_hour x the node's charged hours (node_usd / price),
     computed in place: at 20000 x 2000 every W x O temporary is 320 MB.
     """
-    if node_usd is None or not len(options):
+    if node_usd is None or not len(price):
         return cost
-    price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
     hours = np.divide(node_usd, price, out=np.zeros_like(node_usd), where=price > 0)
     fits_free = np.ones(cost.shape, dtype=bool)
     for r in range(3):
@@ -413,7 +518,8 @@ def _prune_key(cost: FloatArray, demand: FloatArray, options: Sequence[Option],
 def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Workload],
            options: Sequence[Option], clusters: Mapping[str, Cluster], demand: FloatArray,
            node: FloatArray, rtt: FloatArray, service_horizon_h: float,
-           site_cost_fraction: float = 1.0) -> tuple[FloatArray, ...]:
+           site_cost_fraction: float = 1.0, *,
+           table: OptionTable | None = None) -> tuple[FloatArray, ...]:
     """compute, egress, latency, bias, usd_per_hour: each W x O, per replica (`rtt`: the
     batch's feasibility.rtt_table)."""
     n_w, n_o = len(wls), len(options)
@@ -423,19 +529,21 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
     share = np.zeros((n_w, n_o))
     for r in range(3):
         np.maximum(share, np.outer(demand[:, r], inv[:, r]), out=share)
-    price = np.array([o.pool.price_usd_per_hour for o in options], dtype=np.float64)
+    table = table if table is not None else option_table(options)
+    price = table.price
     usdh = share * price[None, :]
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
     # With site_cost_fraction < 1 the objective prices the marginal cost of fixed sites (paid
     # anyway, see SUNK_SITE_COST_FRACTION); `usdh` stays the apportioned price for budgets.
-    marginal = np.array([site_cost_fraction if o.pool.pricing == PricingModel.EDGE
-                         else 1.0 for o in options], dtype=np.float64)
+    marginal = np.where(table.edge_priced, site_cost_fraction, 1.0)
     compute = usdh * marginal[None, :] * hours[:, None]
     bias_c = np.array([action.cluster_bias_usd_per_hour.get(o.cluster.name, 0.0)
                        + (action.for_pool("spot_bias_usd_per_hour", o.cluster.name,
                                           o.pool.name, 0.0)
                           if o.pool.pricing is PricingModel.SPOT else 0.0)
-                       for o in options], dtype=np.float64)
+                       for o in options], dtype=np.float64) \
+        if action.cluster_bias_usd_per_hour or action.spot_bias_usd_per_hour \
+        or action.pool_spot_bias_usd_per_hour else np.zeros(n_o)
     bias = hours[:, None] * bias_c[None, :]
     egress = _egress(snapshot, wls, options, clusters)
     latency = np.where(np.isnan(rtt), 0.0, rtt) * action.latency_weight_usd_per_ms
@@ -501,27 +609,3 @@ def _best_per_domain(cost_row: FloatArray, domains: Sequence[str], n: int) -> In
         if len(best) >= n:
             break
     return np.array(sorted(best.values()), dtype=np.int64)
-
-
-def quota_headrooms(options: Sequence[Option]) -> dict[str, tuple[float | None, float | None]]:
-    """vCPUs and GPUs each cluster's new nodes may still take under its provider quota.
-
-    Quotas count provisioned nodes, so what is left is the quota minus what
-    the cluster's pools have now. The quota is taken as given: the snapshot merge
-    (placement/snapshot.py) already took what others use and, for a stale one, the
-    safety margin off. None = no quota known. One pass over the options.
-    """
-    have: dict[str, list[float]] = {}
-    clusters: dict[str, Cluster] = {}
-    for o in options:
-        c, p = o.cluster, o.pool
-        clusters.setdefault(c.name, c)
-        h = have.setdefault(c.name, [0.0, 0.0])
-        h[0] += p.node.cpu * p.nodes
-        h[1] += p.node.gpu * p.nodes
-    out: dict[str, tuple[float | None, float | None]] = {}
-    for name, c in clusters.items():
-        q_cpu, q_gpu = c.quota_vcpu, c.quota_gpu
-        out[name] = (None if q_cpu is None else max(0.0, q_cpu - have[name][0]),
-                     None if q_gpu is None else max(0.0, q_gpu - have[name][1]))
-    return out

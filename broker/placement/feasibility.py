@@ -39,7 +39,6 @@ from broker.domain import (
     Interconnect,
     NodeLeaving,
     Pool,
-    PricingModel,
     Toleration,
     Workload,
     WorkloadKind,
@@ -50,7 +49,7 @@ from broker.placement.memo import PlanMemo
 from broker.placement.network import RttResolver
 
 if TYPE_CHECKING:
-    from broker.placement.candidates import BoolArray, FloatArray, IntArray, Option
+    from broker.placement.candidates import BoolArray, FloatArray, IntArray, Option, OptionTable
 
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
 GpuClass = tuple[int, bool]  # GPUs per replica, needs an NVLink ring
@@ -186,29 +185,37 @@ def tenancy_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArra
 
 def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
                   options: Sequence[Option], demand: FloatArray,
-                  node: FloatArray, rtt: FloatArray | None = None) -> dict[str, BoolArray]:
+                  node: FloatArray, rtt: FloatArray | None = None, *,
+                  table: OptionTable | None = None) -> dict[str, BoolArray]:
     """One W x O boolean mask per family: True = this family allows the pair.
 
-    `rtt`: the batch's `rtt_table` when the caller has it (computed here otherwise)."""
+    `rtt`: the batch's `rtt_table` when the caller has it (computed here otherwise);
+    `table`: the options' candidates.OptionTable (made here otherwise)."""
+    if table is None:
+        from broker.placement.candidates import option_table
+
+        table = option_table(options)
     n_w, n_o = len(wls), len(options)
     ones = np.ones((n_w, n_o), dtype=bool)
-    healthy = np.array([o.cluster.healthy for o in options], dtype=bool)
+    healthy = table.healthy
     fits = ((demand[:, None, 0] <= node[None, :, 0] + 1e-9)
             & (demand[:, None, 1] <= node[None, :, 1] + 1e-9)
             & (demand[:, None, 2] <= node[None, :, 2]))
-    models = {m: i for i, m in enumerate(sorted(
-        {(o.pool.gpu_model or "").lower() for o in options}
-        | {(w.spec.gpu_model or "").lower() for w in wls}))}
-    pool_model = np.array([models[(o.pool.gpu_model or "").lower()] for o in options])
-    want_model = np.array([models[(w.spec.gpu_model or "").lower()] if w.spec.gpu_model
-                           else -1 for w in wls])
-    model_ok = (want_model[:, None] < 0) | (want_model[:, None] == pool_model[None, :])
-    pool_ic = np.array([o.pool.interconnect.rank for o in options])
+    wanted = {(w.spec.gpu_model or "").lower() for w in wls if w.spec.gpu_model}
+    if wanted:
+        models = {m: i for i, m in enumerate(sorted(set(table.gpu_model) | wanted))}
+        pool_model = np.array([models[m] for m in table.gpu_model])
+        want_model = np.array([models[(w.spec.gpu_model or "").lower()] if w.spec.gpu_model
+                               else -1 for w in wls])
+        model_ok = (want_model[:, None] < 0) | (want_model[:, None] == pool_model[None, :])
+    else:  # no workload names a GPU model: every pool's model will do
+        model_ok = np.ones((n_w, n_o), dtype=bool)
+    pool_ic = table.ic_rank
     want_ic = np.array([w.spec.interconnect.rank if w.spec.resources.gpu > 1 else 0
                         for w in wls])
     ic_ok = want_ic[:, None] <= pool_ic[None, :]
     topo_ok = _gpu_set_mask(wls, options)
-    spot = np.array([o.pool.pricing is PricingModel.SPOT for o in options], dtype=bool)
+    spot = table.spot
     spot_ok_w = np.array([w.spec.spot_ok for w in wls], dtype=bool)
     spot_mask = spot_ok_w[:, None] | ~spot[None, :]
     return {
@@ -221,10 +228,10 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
                                 else rtt),
         "taints": _per_cluster_mask(
             wls, options, lambda w: tuple(w.spec.tolerations),
-            lambda sig, c: tolerates_all(sig, c.taints)),
+            lambda sig, c: tolerates_all(sig, c.taints), table),
         "affinity": _per_cluster_mask(wls, options, _selector_signature,
                                       lambda sig, c: labels_ok(c, dict(sig[0]), dict(sig[1]))
-                                      and (not sig[2] or c.name in sig[2])),
+                                      and (not sig[2] or c.name in sig[2]), table),
         "spot": spot_mask,
         "avoid": _avoid_mask(snapshot, wls, options),
     }
@@ -263,22 +270,27 @@ def _gpu_set_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArr
 
 def _per_cluster_mask(wls: Sequence[Workload], options: Sequence[Option],
                       signature: Callable[[Workload], Any],
-                      check: Callable[[Any, Cluster], bool]) -> BoolArray:
+                      check: Callable[[Any, Cluster], bool],
+                      table: OptionTable | None = None) -> BoolArray:
     """Evaluate `check(signature(w), cluster)` once per distinct signature and cluster."""
     sigs: dict[Any, int] = {}
     rows = np.empty(len(wls), dtype=np.int64)
     for i, w in enumerate(wls):
         rows[i] = sigs.setdefault(signature(w), len(sigs))
-    table = np.ones((max(len(sigs), 1), len(options)), dtype=bool)
-    col, clusters = _option_clusters(options)
+    out = np.ones((max(len(sigs), 1), len(options)), dtype=bool)
+    col, clusters = _option_clusters(options, table)
     for sig, r in sigs.items():
-        table[r] = np.array([bool(check(sig, c)) for c in clusters], dtype=bool)[col]
-    return table[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
+        out[r] = np.array([bool(check(sig, c)) for c in clusters], dtype=bool)[col]
+    return out[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
 
 
-def _option_clusters(options: Sequence[Option]) -> tuple[IntArray, list[Cluster]]:
+def _option_clusters(options: Sequence[Option], table: OptionTable | None = None
+                     ) -> tuple[IntArray, Sequence[Cluster]]:
     """The options' clusters, each once (first seen by name), and each option's index there:
-    a per-cluster check is evaluated per cluster and spread to the options by `col`."""
+    a per-cluster check is evaluated per cluster and spread to the options by `col`
+    (`table`: the options' OptionTable, which holds both)."""
+    if table is not None:
+        return table.col, table.clusters
     index: dict[str, int] = {}
     clusters: list[Cluster] = []
     for o in options:
@@ -290,19 +302,20 @@ def _option_clusters(options: Sequence[Option]) -> tuple[IntArray, list[Cluster]
 
 
 def rtt_table(snapshot: FederationSnapshot, wls: Sequence[Workload],
-              options: Sequence[Option], memo: PlanMemo | None = None) -> FloatArray:
+              options: Sequence[Option], memo: PlanMemo | None = None, *,
+              table: OptionTable | None = None) -> FloatArray:
     """W x O RTT in ms from each workload's user region to each option's cluster
     (network.RttResolver); nan where unknown or the workload names no user region.
     One lookup per (region, cluster), not per option; with `memo`, each region's row over
     the clusters is last epoch's while the network maps and places are unchanged."""
-    col, clusters = _option_clusters(options)
+    col, clusters = _option_clusters(options, table)
     cache = memo.rtts(snapshot) if memo is not None else None
     resolver = RttResolver(snapshot, cache)
     names = tuple([c.name for c in clusters])
     regions: dict[str | None, int] = {None: 0}  # row 0: no user region, all nan
     row = np.array([regions.setdefault(w.spec.user_region, len(regions)) for w in wls],
                    dtype=np.int64)
-    table = np.full((len(regions), len(options)), np.nan)
+    grid = np.full((len(regions), len(options)), np.nan)
     for region, r in regions.items():
         if region is None:
             continue
@@ -313,8 +326,8 @@ def rtt_table(snapshot: FederationSnapshot, wls: Sequence[Workload],
             if memo is not None:
                 per_cluster.flags.writeable = False
                 memo.rtt_rows[(region, names)] = per_cluster
-        table[r] = per_cluster[col]
-    out: FloatArray = table[row]
+        grid[r] = per_cluster[col]
+    out: FloatArray = grid[row]
     return out
 
 

@@ -6,7 +6,7 @@ Every policy (LP repair, greedy, traditional) places replicas through a
 - capacity per pool and resource: usage <= headroom x (free + new_nodes x node),
   new_nodes <= can_add_nodes (free clipped at 0);
 - provider quota per cluster: vCPUs / GPUs of new nodes <= quota headroom
-  (`candidates.quota_headrooms`, a stale quota counts at a fraction);
+  (`candidates.OptionTable.quota`, a stale quota counts at a fraction);
 - tenant and per-workload budgets in USD/h;
 - spread: at most `max_domains` domains;
 - anti-affinity between workloads of the batch (`avoid_workloads`);
@@ -123,12 +123,16 @@ class Ledger:
         self._stale: set[int] = set()  # options whose _usage row lags _use_l
         self.new_nodes = np.zeros(n_o, dtype=np.int64)
         self.h = cs.headroom_vec()
-        self.cluster_of = [o.cluster.name for o in cs.options]
+        self.cluster_of: Sequence[str] = cs.table.cluster_of if len(cs.table.cluster_of) == \
+            n_o else [o.cluster.name for o in cs.options]
         self.quota_left: dict[str, list[float | None]] = {
             name: list(left) for name, left in cs.table.quota.items()}
-        self._cluster_opts: dict[str, list[int]] = {}
-        for o, c in enumerate(self.cluster_of):
-            self._cluster_opts.setdefault(c, []).append(o)
+        self._cluster_opts: Mapping[str, Sequence[int]] = cs.table.cluster_options
+        if len(self.cluster_of) and not self._cluster_opts:
+            opts: dict[str, list[int]] = {}
+            for o, c in enumerate(self.cluster_of):
+                opts.setdefault(c, []).append(o)
+            self._cluster_opts = opts
         self.tenant_left: dict[str, float] = tenant_budgets(snapshot)
         self.spend_w = np.zeros(len(cs.workloads))
         self.x: list[dict[int, int]] = [{} for _ in cs.workloads]

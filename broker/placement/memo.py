@@ -15,6 +15,9 @@ What is kept:
   changed it, placement/snapshot.py `MergeMemo`) and the user regions and the clusters'
   names, region keys and coordinates are equal. A caller must not change a mapping it
   passed in a snapshot.
+- The options of the snapshot and their table (candidates.options_and_table): the same
+  objects while the snapshot's clusters are the same Cluster objects, and the part of each
+  cluster that is the same object as at the last call (values, so identity suffices).
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ class PlanMemo:
     rtt: dict[Pair, float | None] = field(default_factory=dict)
     # (user region, cluster names in order) -> per-cluster RTT row (nan: unknown), read-only.
     rtt_rows: dict[tuple[str, tuple[str, ...]], FloatArray] = field(default_factory=dict)
+    # The last snapshot's clusters (by identity) and its options and option table
+    # (candidates.options_and_table), and per cluster name the part of the table made from
+    # one Cluster value (candidates._ClusterBlock).
+    option_table: tuple[tuple[Cluster, ...], object] | None = None
+    option_blocks: dict[str, object] = field(default_factory=dict)
 
     def rtts(self, snapshot: FederationSnapshot) -> dict[Pair, float | None]:
         """The RTT cache valid for `snapshot` (emptied first when what it was resolved from

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from broker.domain import Cluster, FederationSnapshot, PolicyAction, WorkloadKind
+from broker.placement.candidates import options_and_table
 from broker.placement.memo import PlanMemo
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from tests.unit.placement_world import federation, snapshot, workload
@@ -76,3 +77,44 @@ def test_fewer_clusters_are_not_answered_from_the_memo() -> None:
                                                                None)
     fewer = _clusters_named(all_clusters, {"aws-use1", "azure-eus"})
     assert _plan(snapshot(batch, fewer), memo) == _plan(snapshot(batch, fewer), None)
+
+
+def test_a_cluster_that_changed_is_not_answered_from_the_memo() -> None:
+    """The memo keeps a cluster's part of the option table while the Cluster is the same
+    object: a new value (here: unhealthy) must be read again."""
+    memo = PlanMemo()
+    batch = (workload("b", kind=WorkloadKind.BATCH, replicas=2, duration_s=3600.0),)
+    clusters = federation()
+    first = _where(_plan(snapshot(batch, clusters), memo))["b"]
+    sick = tuple(dataclasses.replace(c, healthy=False) if c.name in first else c
+                 for c in clusters)
+    fresh = _plan(snapshot(batch, sick), None)
+    assert _plan(snapshot(batch, sick), memo) == fresh
+    assert not first & _where(fresh)["b"]
+
+
+def test_options_are_renumbered_when_an_earlier_cluster_loses_a_pool() -> None:
+    memo = PlanMemo()
+    clusters = federation()
+    options_and_table(snapshot((), clusters), memo)
+    fewer = (dataclasses.replace(clusters[0], pools=clusters[0].pools[1:]), *clusters[1:])
+    kept, table = options_and_table(snapshot((), fewer), memo)
+    fresh, fresh_table = options_and_table(snapshot((), fewer))
+    assert kept == fresh
+    assert [o.index for o in kept] == list(range(len(kept)))
+    assert table.cluster_of == fresh_table.cluster_of
+    assert (table.price == fresh_table.price).all()
+
+
+def test_a_pool_that_changed_is_read_again() -> None:
+    """Same cluster names and pools, one pool's price doubled (a price_change): the memo's
+    rows of the old Cluster value must not be used."""
+    memo = PlanMemo()
+    clusters = federation()
+    options_and_table(snapshot((), clusters), memo)
+    p0 = clusters[1].pools[0]
+    dearer = (clusters[0], dataclasses.replace(clusters[1], pools=(
+        dataclasses.replace(p0, price_usd_per_hour=2 * p0.price_usd_per_hour),
+        *clusters[1].pools[1:])), *clusters[2:])
+    _, table = options_and_table(snapshot((), dearer), memo)
+    assert (table.price == options_and_table(snapshot((), dearer))[1].price).all()
