@@ -159,6 +159,15 @@ class OptionTable:
     gpu_model: tuple[str, ...] = ()
     billing_h: FloatArray = field(default_factory=lambda: np.zeros(0))
     cluster_options: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # Per option, for the pool decisions (decisions.py): nodes now and at most, used vCPU
+    # and GPUs, and how many nodes scale-in may remove (`Pool.empty_nodes`).
+    nodes: FloatArray = field(default_factory=lambda: np.zeros(0))
+    max_nodes: FloatArray = field(default_factory=lambda: np.zeros(0))
+    used_cpu: FloatArray = field(default_factory=lambda: np.zeros(0))
+    used_gpu: FloatArray = field(default_factory=lambda: np.zeros(0))
+    empty: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # (cluster, pool) names -> option index.
+    option_of: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -167,7 +176,9 @@ class _ClusterBlock:
     value; its Options are made again only where the cluster's first option index moved."""
 
     cluster: Cluster
-    rows: list[tuple[float, ...]]  # per pool: Pool.figures, price, spot, edge-priced, IC rank
+    # per pool: Pool.figures, price, spot, edge-priced, IC rank, nodes, max nodes, used vCPU
+    # and GPUs, empty nodes
+    rows: list[tuple[float, ...]]
     models: list[str]
     quota: tuple[float | None, float | None]
     start: int = -1
@@ -186,7 +197,8 @@ def _cluster_block(c: Cluster) -> _ClusterBlock:
         rows.append((*p.figures, p.price_usd_per_hour,
                      1.0 if p.pricing is PricingModel.SPOT else 0.0,
                      1.0 if p.pricing == PricingModel.EDGE else 0.0,
-                     float(p.interconnect.rank)))
+                     float(p.interconnect.rank), float(p.nodes), float(p.max_nodes),
+                     p.used.cpu, float(p.used.gpu), float(len(p.empty_nodes))))
         have_cpu += p.node.cpu * p.nodes
         have_gpu += p.node.gpu * p.nodes
     q_cpu, q_gpu = c.quota_vcpu, c.quota_gpu
@@ -217,6 +229,7 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
     quota: dict[str, tuple[float | None, float | None]] = {}
     with_pools: list[Cluster] = []
     by_cluster: dict[str, tuple[int, ...]] = {}
+    option_of: dict[tuple[str, str], int] = {}
     for c in clusters:
         blk = blocks.get(c.name)
         if not isinstance(blk, _ClusterBlock) or blk.cluster is not c:
@@ -239,7 +252,8 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
         names.extend([c.name] * n)
         quota[c.name] = blk.quota
         by_cluster[c.name] = tuple(range(start, start + n))
-    table = np.array(rows, dtype=np.float64).reshape(-1, 11)
+        option_of.update(((c.name, p.name), start + i) for i, p in enumerate(c.pools))
+    table = np.array(rows, dtype=np.float64).reshape(-1, 16)
     col_a = np.array(col, dtype=np.int64)
     healthy_c = np.array([c.healthy for c in with_pools], dtype=bool)
     edge_c = np.array([c.is_edge for c in with_pools], dtype=bool)
@@ -255,12 +269,15 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
         "col": col_a, "price": np.ascontiguousarray(table[:, 7]), "spot": table[:, 8] > 0.5,
         "edge_priced": edge_priced, "fixed": edge_priced | edge_c[col_a],
         "healthy": healthy_c[col_a], "ic_rank": table[:, 10].astype(np.int64),
-        "billing_h": billing_c[col_a]}
+        "billing_h": billing_c[col_a], "nodes": table[:, 11], "max_nodes": table[:, 12],
+        "used_cpu": table[:, 13], "used_gpu": table[:, 14],
+        "empty": table[:, 15].astype(np.int64)}
     for a in arrays.values():
         a.flags.writeable = False
     out = (tuple(options), OptionTable(
         quota=MappingProxyType(quota), cluster_of=tuple(names), clusters=tuple(with_pools),
-        gpu_model=tuple(models), cluster_options=MappingProxyType(by_cluster), **arrays))
+        gpu_model=tuple(models), cluster_options=MappingProxyType(by_cluster),
+        option_of=MappingProxyType(option_of), **arrays))
     if memo is not None:
         memo.option_table = (clusters, out)
     return out
@@ -295,7 +312,7 @@ class CandidateSet:
     cand: tuple[IntArray, ...]  # per workload: option indices, cheapest first
     infeasible_counts: tuple[Mapping[str, int], ...]  # per workload: family -> options ruled out
     domain: tuple[tuple[str, ...], ...]  # per workload: spread domain key of every option
-    # Per option, read once from its pool (`option_table`): what every solver and Ledger
+    # Per option, read once from its pool (`options_and_table`): what every solver and Ledger
     # reads many times per epoch. Read-only arrays.
     table: OptionTable
     visible: BoolArray | None = None  # W x O: the tenant may use the cluster (None: all)

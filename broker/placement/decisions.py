@@ -52,6 +52,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from broker.domain import (
     Cluster,
     FederationSnapshot,
@@ -61,8 +63,9 @@ from broker.domain import (
     PricingModel,
     Workload,
 )
-from broker.placement.candidates import NODE_BOOT_S
+from broker.placement.candidates import NODE_BOOT_S, options_and_table
 from broker.placement.kinds import PoolScale, PoolScaleIn, Prewarm, Retry
+from broker.placement.memo import PlanMemo
 
 Pair = tuple[str, str]
 
@@ -195,75 +198,89 @@ def forecast_floor(snapshot: FederationSnapshot,
 def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
              placed: Mapping[Pair, tuple[float, float, int]],
              growing: set[Pair], action: PolicyAction | None = None, *,
-             forecast: bool = False) -> tuple[PoolScaleIn, ...]:
+             forecast: bool = False, memo: PlanMemo | None = None) -> tuple[PoolScaleIn, ...]:
     """Nodes idle past their timer (see the module docstring), longest idle first; with
     `forecast`, never below what the prewarm forecast needs over the policy's lead, and
-    after `forecast_idle_s` instead of `scale_in_idle_s` where the policy sets no timer."""
+    after `forecast_idle_s` instead of `scale_in_idle_s` where the policy sets no timer.
+    Only pools with empty nodes are looked at (the option table counts them)."""
     now = snapshot.now_s
     lead = max(0.0, action.prewarm_lead_s) if action is not None else 0.0
     default = cfg.forecast_idle_s if forecast else cfg.scale_in_idle_s
+    options, table = options_and_table(snapshot, memo)
     out = []
-    for c in snapshot.clusters:
-        for p in c.pools:
-            if fixed_pool(c, p) or (c.name, p.name) in growing or not p.node_states:
-                continue
-            empty = p.empty_nodes
-            if not empty:
-                continue
-            timer, warm = default, 0
-            if action is not None:
-                timer = max(0.0, action.for_pool("idle_timeout_s", c.name, p.name, default))
-                warm = max(0, int(action.for_pool("warm_nodes", c.name, p.name, 0.0)))
-            idle = [n for n in empty if now - (n.idle_since_s or 0.0) >= timer - 1e-9]
-            if len(empty) - len(idle) < warm:  # the warm pool: keep the newest idle ones
-                idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))
-                idle = idle[:max(0, len(empty) - warm)]
-            if not idle:
-                continue
-            cpu, mem, _ = placed.get((c.name, p.name), (0.0, 0.0, 0))
-            free_cpu = p.free.cpu - cpu
-            free_mem = p.free.memory_gib - mem
-            k = int(min(free_cpu // max(p.node.cpu, 1e-9),
-                        free_mem // max(p.node.memory_gib, 1e-9)))
-            if forecast:
-                k = min(k, p.nodes - _forecast_keeps(
-                    p, placed, (c.name, p.name), snapshot.demand_of(c.name, p.name), lead,
-                    p.nodes))
-            if k <= 0:
-                continue
+    for j in np.flatnonzero((table.empty > 0) & ~table.fixed).tolist():
+        o = options[j]
+        c, p = o.cluster, o.pool
+        if (c.name, p.name) in growing:
+            continue
+        empty = p.empty_nodes
+        timer, warm = default, 0
+        if action is not None:
+            timer = max(0.0, action.for_pool("idle_timeout_s", c.name, p.name, default))
+            warm = max(0, int(action.for_pool("warm_nodes", c.name, p.name, 0.0)))
+        idle = [n for n in empty if now - (n.idle_since_s or 0.0) >= timer - 1e-9]
+        if len(empty) - len(idle) < warm:  # the warm pool: keep the newest idle ones
             idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))
-            out.append(PoolScaleIn(c.name, p.name, tuple(n.name for n in idle[:k])))
+            idle = idle[:max(0, len(empty) - warm)]
+        if not idle:
+            continue
+        cpu, mem, _ = placed.get((c.name, p.name), (0.0, 0.0, 0))
+        free_cpu = p.free.cpu - cpu
+        free_mem = p.free.memory_gib - mem
+        k = int(min(free_cpu // max(p.node.cpu, 1e-9),
+                    free_mem // max(p.node.memory_gib, 1e-9)))
+        if forecast:
+            k = min(k, p.nodes - _forecast_keeps(
+                p, placed, (c.name, p.name), snapshot.demand_of(c.name, p.name), lead,
+                p.nodes))
+        if k <= 0:
+            continue
+        idle.sort(key=lambda n: (n.idle_since_s or 0.0, n.name))
+        out.append(PoolScaleIn(c.name, p.name, tuple(n.name for n in idle[:k])))
     return tuple(out)
 
 
 def prewarm_nodes(snapshot: FederationSnapshot, action: PolicyAction, cfg: DecisionConfig,
                   placed: Mapping[Pair, tuple[float, float, int]],
-                  scale: Sequence[PoolScale]) -> tuple[Prewarm, ...]:
-    """Nodes ordered ahead of forecast demand (see the module docstring)."""
+                  scale: Sequence[PoolScale], memo: PlanMemo | None = None
+                  ) -> tuple[Prewarm, ...]:
+    """Nodes ordered ahead of forecast demand (see the module docstring), for every pool at
+    once over the option table (the arithmetic of `_forecast`, element by element)."""
     lead = max(0.0, action.prewarm_lead_s)
     if lead <= 0:
         return ()
-    added: dict[Pair, int] = {}
-    for s in scale:
-        added[(s.cluster, s.pool)] = added.get((s.cluster, s.pool), 0) + max(0, s.add_nodes)
+    options, table = options_and_table(snapshot, memo)
+    n_o = len(options)
+    if not n_o:
+        return ()
+    at = table.option_of
+    added = np.zeros(n_o)
+    for sc in scale:
+        j = at.get((sc.cluster, sc.pool))
+        if j is not None:
+            added[j] += max(0, sc.add_nodes)
+    put_cpu, put_gpu = np.zeros(n_o), np.zeros(n_o)
+    for key, (cpu, _, gpu) in placed.items():
+        j = at.get(key)
+        if j is not None:
+            put_cpu[j], put_gpu[j] = cpu, gpu
+    rates = np.array([snapshot.demand_of(*key) for key in at], dtype=np.float64).reshape(-1, 2)
+    is_gpu = table.node[:, 2] != 0
+    used = np.where(is_gpu, table.used_gpu + put_gpu, table.used_cpu + put_cpu)
+    rate = np.where(is_gpu, rates[:, 1], rates[:, 0])
+    unit = np.where(is_gpu, table.node[:, 2], table.node[:, 0])
+    ok = table.healthy & ~table.fixed & (rate > 0) & (unit > 0)
+    nodes = table.nodes + added
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overflow = used + rate * lead - nodes * unit
+        count = np.minimum(np.minimum(np.floor(overflow / unit + 0.5),
+                                      np.maximum(1.0, np.trunc(table.max_nodes
+                                                               * cfg.prewarm_max_fraction))),
+                           table.max_nodes - nodes)
     out = []
-    for c in snapshot.clusters:
-        if not c.healthy:
-            continue
-        for p in c.pools:
-            if fixed_pool(c, p):
-                continue
-            key = (c.name, p.name)
-            used, rate, unit = _forecast(p, placed, key, snapshot.demand_of(*key))
-            if rate <= 0 or unit <= 0:
-                continue
-            nodes = p.nodes + added.get(key, 0)
-            overflow = used + rate * lead - nodes * unit
-            count = min(math.floor(overflow / unit + 0.5),
-                        max(1, int(p.max_nodes * cfg.prewarm_max_fraction)),
-                        p.max_nodes - nodes)
-            if count > 0:
-                out.append(Prewarm(c.name, p.name, nodes=count, reason="forecast"))
+    for j in np.flatnonzero(ok & (count > 0)).tolist():
+        o = options[j]
+        out.append(Prewarm(o.cluster.name, o.pool.name, nodes=int(count[j]), reason="forecast"))
     return tuple(out)
 
 

@@ -313,7 +313,7 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     placed = decisions.placed_usage(plan.placements, specs)
     prewarm = decisions.prewarm_for_placements(snapshot, plan.placements, specs)
     if policy in PREWARM_POLICIES:
-        prewarm += decisions.prewarm_nodes(snapshot, action, cfg, placed, plan.scale)
+        prewarm += decisions.prewarm_nodes(snapshot, action, cfg, placed, plan.scale, memo)
     moves = migrate.migrations(
         snapshot, action, cfg, k=config.k_candidates, service_horizon_h=config.service_horizon_h,
         site_cost_fraction=config.site_cost_fraction, placed=placed,
@@ -325,7 +325,7 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     # Karpenter's consolidateAfter: 0s removes empty nodes at once; the others wait CA's 10 min.
     idle_cfg = dataclasses.replace(cfg, scale_in_idle_s=0.0) if policy == "karpenter" else cfg
     idle = decisions.scale_in(snapshot, idle_cfg, placed, growing, action,
-                              forecast=policy in PREWARM_POLICIES)
+                              forecast=policy in PREWARM_POLICIES, memo=memo)
     drains = consolidate.consolidations(
         snapshot, policy, growing, below=action.consolidate_below, removing=idle,
         floor=decisions.forecast_floor(snapshot, placed, action) if policy == "lp" else None)
