@@ -289,22 +289,50 @@ def network_of(scenario: Scenario, catalog: NetworkCatalog | None
                          catalog)
 
 
+_VERSION = operator.attrgetter("version")
+_PRICE_FACTOR = operator.attrgetter("price_factor")
+_RECLAIMS = operator.attrgetter("reclaims")
+
+
+def member_inputs(c: SimCluster, now: float, *, reuse: bool = True
+                  ) -> tuple[Member, Inventory]:
+    """`c` as the merge's member (`registration`) and its inventory (`observations`, the
+    reclaims), the very objects of last time while nothing in them changed: health, quota,
+    and each pool's version (its nodes), price and reclaims the same, no booting node up
+    since. The inventory is then the reading made at its `observed_s`, still current (the
+    twin's merge ages nothing, `TWIN_MERGE`), and the merge keeps the whole member
+    (`MergeMemo`) after one look at it."""
+    key = (c.healthy(now), c.quota_vcpu, tuple(map(_VERSION, c.pools)),
+           tuple(map(_PRICE_FACTOR, c.pools)), tuple(map(_RECLAIMS, c.pools)))
+    kept = c.inputs
+    if reuse and kept is not None and kept[0] == key and now < kept[1]:
+        return kept[2], kept[3]
+    member = registration(c, now)
+    inv = Inventory(observed_s=now, reclaims={p.name: p.reclaims for p in c.pools},
+                    since_s=0.0,
+                    observations=observations(c, member.cluster.pools, now, reuse=reuse))
+    until = c.observations[1] if c.observations is not None else -math.inf
+    c.inputs = (key, until, member, inv)
+    return member, inv
+
+
 def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     now = engine.now
     tau = engine.config.demand_tau_s
     reuse = engine.config.reuse_observations
     clusters = list(engine.clusters.values())
-    members = tuple(registration(c, now) for c in clusters)
-    inventory = {c.name: Inventory(
-        observed_s=now, reclaims={p.name: p.reclaims for p in c.pools}, since_s=0.0,
-        observations=observations(c, m.cluster.pools, now, reuse=reuse))
-        for c, m in zip(clusters, members, strict=True)}
+    read = [member_inputs(c, now, reuse=reuse) for c in clusters]
+    members = tuple(m for m, _ in read)
+    inventory = {c.name: inv for c, (_, inv) in zip(clusters, read, strict=True)}
     demand: dict[Pair, tuple[float, float]] = {}
+    factors: dict[float, float] = {}  # by when the rates were last brought up to date
     for c in clusters:
         for p in c.pools:  # one factor for both rates: `decayed`'s very numbers
             cpu, gpu = p.demand_cpu_per_s, p.demand_gpu_per_s
             if cpu or gpu:
-                f = decay_factor(p.demand_at_s, now, tau)
+                f = factors.get(p.demand_at_s)
+                if f is None:
+                    f = factors[p.demand_at_s] = decay_factor(p.demand_at_s, now, tau)
                 cpu, gpu = cpu * f, gpu * f
             demand[(c.name, p.name)] = (cpu, gpu)  # else 0.0 * a factor in [0, 1] (tau > 0)
     pair_rtt, gbps = engine.network

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from broker.domain import NodeState, Placement, Resources, Workload
 from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
-from broker.placement.observed import ObservedNode, PoolObservation, decayed
+from broker.placement.observed import Inventory, ObservedNode, PoolObservation, decayed
 from broker.placement.snapshot import Member
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
 
@@ -377,6 +377,9 @@ class SimCluster:
     # The snapshot's pool readings by pool: (the pools' versions then, valid until (a booting
     # node's ready_at), the mapping) (sim/snapshot.py).
     observations: tuple[tuple[int, ...], float, dict[str, PoolObservation]] | None = None
+    # The snapshot's member and inventory of this cluster: (what they were made of, valid
+    # until (a booting node's ready_at), the member, the inventory) (sim/snapshot.py).
+    inputs: tuple[tuple[object, ...], float, Member, Inventory] | None = None
 
     name: str = field(init=False, repr=False, compare=False)  # the spec's
 

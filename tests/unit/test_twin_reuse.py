@@ -218,6 +218,62 @@ def test_a_clusters_readings_are_kept_only_while_no_pool_changed_and_none_came_u
     assert same()["b"] != first["b"]
 
 
+def test_a_members_inputs_are_kept_only_while_nothing_in_them_changed() -> None:
+    """`member_inputs` hands last time's `Member` and `Inventory` again while health, quota,
+    each pool's version, price and reclaims are the same and no booting node came up: each
+    of them, changed alone, must give what fresh inputs give (and the same merged cluster),
+    and the very objects must come back while nothing changed."""
+    from broker.placement.snapshot import MergeInputs, merge
+
+    shape = Resources(8.0, 32.0, 0)
+    specs = tuple(PoolSpec(name=name, instance_type="m5.2xlarge", node=shape, nodes=2,
+                           max_nodes=10, spot=True, price_usd_per_hour=0.4)
+                  for name in ("a", "b"))
+    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("z",),
+                                 lat=0.0, lon=0.0, pools=specs, quota_vcpu=64.0))
+    a, b = c.pools
+    b.add_nodes(1, 500.0)  # booting until 500 s
+    now = 100.0
+
+    def price() -> None:
+        a.price_factor = 1.5
+
+    def reclaim() -> None:
+        b.reclaims += 1
+
+    def down() -> None:
+        c.down_until = 150.0
+
+    def quota() -> None:
+        c.quota_vcpu = 32.0
+
+    changes = [lambda: a.occupy(a.node_list[0], 2.0, 4.0, 0), price, reclaim, down,
+               lambda: None, quota, lambda: None]  # the clock: back up at 150, booted at 500
+
+    def same() -> tuple[object, ...]:
+        member, inv = sim_snapshot.member_inputs(c, now)
+        fresh, fresh_inv = sim_snapshot.member_inputs(c, now, reuse=False)
+        assert member == fresh
+        assert (inv.reclaims, inv.since_s, inv.observations) == (
+            fresh_inv.reclaims, fresh_inv.since_s, fresh_inv.observations)
+        merged = merge(MergeInputs(now_s=now, members=(member,), inventory={"c": inv}),
+                       sim_snapshot.TWIN_MERGE)
+        assert merged == merge(MergeInputs(now_s=now, members=(fresh,),
+                                           inventory={"c": fresh_inv}),
+                               sim_snapshot.TWIN_MERGE)
+        return member, inv
+
+    last = same()
+    kept = sim_snapshot.member_inputs(c, now)
+    assert all(x is y for x, y in zip(sim_snapshot.member_inputs(c, now), kept, strict=True))
+    for i, change in enumerate(changes):
+        change()
+        now = {4: 200.0, 6: 600.0}.get(i, now + 1.0)
+        got = same()
+        assert got != last, f"change {i}"
+        last = got
+
+
 def test_the_rates_resumed_from_kept_partial_sums_equal_a_fresh_sum() -> None:
     """`Metrics._rates` resumes its sums at the first pool whose version or price factor
     moved: a change to any pool (first, middle, last; nodes, usage, price) must give the
