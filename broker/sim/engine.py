@@ -49,7 +49,7 @@ from broker.sim.network import egress_table, user_rtt_table
 from broker.sim.realize import SPOT_HAZARD, TwinNoise, realize, stream
 from broker.sim.scenario import CatalogLike, Scenario
 from broker.sim.snapshot import (
-    PodsReading,
+    PodsMemo,
     build_snapshot,
     network_of,
     pool_replica_counts,
@@ -182,7 +182,7 @@ class Engine:
         self.network = network_of(scenario, catalog)
         self.merge_memo = MergeMemo()  # unchanged pools merge to the same Pool (snapshot.py)
         # What runs on each node of each pool, as `with_pods` last read it (sim/snapshot.py).
-        self.pods_memo: dict[tuple[str, str], PodsReading] = {}
+        self.pods_memo = PodsMemo()
 
     @property
     def state_version(self) -> int:

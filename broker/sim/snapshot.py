@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from itertools import compress
 from typing import TYPE_CHECKING
 
@@ -381,11 +381,14 @@ def with_pods(snap: FederationSnapshot, engine: Engine) -> FederationSnapshot:
 
     A pool unchanged since the last call (`SimPool.version`, bumped whenever a node or the
     node list changes) that the merge gave as the same Pool is the same object as last
-    time, and an unchanged node keeps its NodeState (`Engine.pods_memo`): walking every
-    replica and rebuilding every node's state each tick was most of a day-long lp run's
-    extra time.
+    time, and so is a cluster given as the same Cluster all of whose pools are; in a pool
+    that changed, a node that is the same `Node` with the same pods (`Node.pods_version`)
+    and the same NodeState given keeps the NodeState returned last time (`Engine.pods_memo`),
+    found in C (map) without Python per node: walking every replica and rebuilding every
+    node's state each tick was most of a day-long lp run's extra time. Without
+    `SimConfig.reuse_observations`, nothing is kept.
     """
-    memo = engine.pods_memo
+    memo = engine.pods_memo if engine.config.reuse_observations else PodsMemo()
     specs = dict(snap.workloads)
     for ws in engine.unfinished.values():
         if ws.groups and ws.ev.id not in specs:
@@ -393,46 +396,99 @@ def with_pods(snap: FederationSnapshot, engine: Engine) -> FederationSnapshot:
     clusters = []
     for c in snap.clusters:
         sim = engine.clusters[c.name]
-        pools = []
-        for pool in c.pools:
-            key = (c.name, pool.name)
-            sp = sim.pool(pool.name)
-            last = memo.get(key)
-            if last is not None and last.version == sp.version and last.pool_in is pool \
-                    and last.pool_out is not None:
-                pools.append(last.pool_out)
-                continue
-            if last is None:
-                last = memo[key] = PodsReading(sp.version)
-            nodes = sp.node_list
-            out = pool
-            if len(nodes) == len(pool.node_states) and any(n.pods for n in nodes):
-                out = replace(pool, node_states=tuple(
-                    _reported(last, i, st, tuple(n.pods)) if n.pods else st
-                    for i, (st, n) in enumerate(zip(pool.node_states, nodes, strict=True))))
-            last.version, last.pool_in, last.pool_out = sp.version, pool, out
-            pools.append(out)
-        clusters.append(replace(c, pools=tuple(pools)))
+        pools = tuple([_pool_with_pods(memo, c.name, pool, sim.pool(pool.name))
+                       for pool in c.pools])
+        kept = memo.clusters.get(c.name)
+        if kept is not None and kept[0] is c and all(map(operator.is_, kept[1], pools)):
+            clusters.append(kept[2])
+            continue
+        out = replace(c, pools=pools)
+        memo.clusters[c.name] = (c, pools, out)
+        clusters.append(out)
     return replace(snap, clusters=tuple(clusters), workloads=specs)
 
 
 @dataclass(slots=True, eq=False)
 class PodsReading:
     """What `with_pods` last made of one pool: at which `SimPool.version`, the merged Pool
-    it was given and the Pool it returned, and per node index the state given and the state
-    returned (so an unchanged node keeps its NodeState)."""
+    it was given and the Pool it returned, and per node index the `Node`, its
+    `pods_version`, the state given and the state returned (so an unchanged node keeps its
+    NodeState)."""
 
     version: int
     pool_in: Pool | None = None
     pool_out: Pool | None = None
-    states: dict[int, tuple[NodeState, NodeState]] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    pods: list[int] = field(default_factory=list)
+    states_in: list[NodeState] = field(default_factory=list)
+    states_out: list[NodeState] = field(default_factory=list)
 
 
-def _reported(last: PodsReading, i: int, st: NodeState, wids: tuple[str, ...]) -> NodeState:
-    """`st` with `wids` as its workloads: the same object as last time for the same `st`."""
-    hit = last.states.get(i)
-    if hit is not None and hit[0] is st and hit[1].workloads == wids:
-        return hit[1]
-    out = replace(st, workloads=wids)
-    last.states[i] = (st, out)
+@dataclass(slots=True, eq=False)
+class PodsMemo:
+    """`with_pods`' memo: per (cluster, pool) its `PodsReading`; per cluster the Cluster it
+    was given, the pools it was given back with and the Cluster returned."""
+
+    pools: dict[Pair, PodsReading] = field(default_factory=dict)
+    clusters: dict[str, tuple[Cluster, tuple[Pool, ...], Cluster]] = field(
+        default_factory=dict)
+
+
+_PODS = operator.attrgetter("pods")
+_PODS_VERSION = operator.attrgetter("pods_version")
+
+
+def _pool_with_pods(memo: PodsMemo, cluster: str, pool: Pool, sp: SimPool) -> Pool:
+    """`pool` (merged from `sp`) with what runs on each node (`with_pods`)."""
+    last = memo.pools.get((cluster, pool.name))
+    if last is not None and last.version == sp.version and last.pool_in is pool \
+            and last.pool_out is not None:
+        return last.pool_out
+    if last is None:
+        last = memo.pools[(cluster, pool.name)] = PodsReading(sp.version)
+    nodes = sp.node_list
+    states = pool.node_states
+    out = pool
+    if len(nodes) == len(states) and any(map(_PODS, nodes)):
+        out = replace(pool, node_states=tuple(_pods_states(last, nodes, states)))
+    last.version, last.pool_in, last.pool_out = sp.version, pool, out
     return out
+
+
+def _pods_states(last: PodsReading, nodes: list[Node], states: tuple[NodeState, ...]
+                 ) -> list[NodeState]:
+    """Each node's state with its workloads: last call's where the node, its pods and the
+    state given are the same (compared in C), else `_reported`'s."""
+    pods = list(map(_PODS_VERSION, nodes))
+    kept = min(len(last.nodes), len(nodes))
+    out = last.states_out[:kept]
+    given = last.states_in
+    changed = compress(range(kept), map(operator.or_, map(
+        operator.or_, map(operator.is_not, nodes, last.nodes), map(operator.ne, pods, last.pods)),
+        map(operator.is_not, states, given)))
+    for i in changed:
+        out[i] = _reported(states[i], nodes[i], given[i], out[i])
+    out.extend(_reported(states[i], nodes[i], None, None) for i in range(kept, len(nodes)))
+    last.nodes, last.pods, last.states_in, last.states_out = list(nodes), pods, list(states), out
+    return out
+
+
+def _reported(st: NodeState, n: Node, given: NodeState | None, returned: NodeState | None
+              ) -> NodeState:
+    """`st` with the node's workloads (`st` itself where none runs there): `returned`, the
+    state returned last time for the same index, where it was made of the same `st`
+    (`given`) with the same workloads."""
+    wids = tuple(n.pods)
+    if not wids:
+        return st
+    if given is st and returned is not None and returned.workloads == wids:
+        return returned
+    values = list(_STATE_VALUES(st))  # `replace(st, workloads=wids)`, in half the time
+    values[_WORKLOADS_AT] = wids
+    return NodeState(*values)
+
+
+# NodeState's fields in `__init__` order (`_reported` builds one positionally).
+_STATE_FIELDS = tuple(f.name for f in fields(NodeState) if f.init)
+_STATE_VALUES = operator.attrgetter(*_STATE_FIELDS)
+_WORKLOADS_AT = _STATE_FIELDS.index("workloads")

@@ -54,6 +54,7 @@ class Node:
     # Workload id -> its replicas with their home or a GPU here (what a kubelet lists: the
     # pods on the node), kept by sim/applying.py reserve and Engine.release.
     pods: dict[str, int] = field(default_factory=dict)
+    pods_version: int = 0  # bumped whenever `pods` changes (sim/snapshot.py with_pods)
 
     def empty(self, gpus: int) -> bool:
         return self.replicas == 0 and self.gpu_free >= gpus
@@ -67,6 +68,7 @@ def add_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
     """One replica of `wid` now has its home and GPUs on these nodes (`Node.pods`)."""
     for n in pod_nodes(home, gpus):
         n.pods[wid] = n.pods.get(wid, 0) + 1
+        n.pods_version += 1
 
 
 def remove_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
@@ -77,6 +79,7 @@ def remove_pod(wid: str, home: Node | None, gpus: list[Node]) -> None:
             n.pods[wid] = k
         else:
             n.pods.pop(wid, None)
+        n.pods_version += 1
 
 
 def pod_nodes(home: Node | None, gpus: list[Node]) -> list[Node]:

@@ -274,6 +274,82 @@ def test_a_members_inputs_are_kept_only_while_nothing_in_them_changed() -> None:
         last = got
 
 
+def test_a_pool_with_pods_kept_by_the_memo_equals_a_fresh_one_whichever_input_changes(
+        ) -> None:
+    """`with_pods` keeps a node's state with its workloads while the node, its pods and the
+    state it is given are the same, and a cluster while it and its pools are: a replica
+    coming or going, a node gone (the next one takes its index), a node read again, or one
+    replica more of a workload already there, each alone, must give what a call without the
+    memo gives."""
+    from broker.sim.state import add_pod, remove_pod
+
+    spec = PoolSpec(name="m5", instance_type="m5.2xlarge", node=Resources(8.0, 32.0, 0),
+                    nodes=4, max_nodes=10, spot=False, price_usd_per_hour=0.4)
+    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("z",),
+                                 lat=0.0, lon=0.0, pools=(spec,)))
+    p = c.pools[0]
+    n0, n1, n2, _ = p.node_list
+    now = 100.0
+    memo = sim_snapshot.PodsMemo()
+
+    def same() -> object:
+        pool = sim_snapshot.registration(c, now).cluster.pools[0]
+        pool = dataclasses.replace(pool, node_states=sim_snapshot.pool_observation(
+            c, p, pool, now).node_states)
+        got = sim_snapshot._pool_with_pods(memo, "c", pool, p)
+        assert got == sim_snapshot._pool_with_pods(sim_snapshot.PodsMemo(), "c", pool, p)
+        if any(n.pods for n in p.node_list):
+            assert got.node_states == tuple(
+                dataclasses.replace(st, workloads=tuple(n.pods))
+                for st, n in zip(pool.node_states, p.node_list, strict=True))
+        return got
+
+    def place(n: Node, wid: str) -> None:
+        p.occupy(n, 1.0, 1.0, 0)
+        add_pod(wid, n, [])
+
+    def leave(n: Node, wid: str) -> None:
+        p.vacate(n, 1.0, 1.0, 0, now)
+        remove_pod(wid, n, [])
+
+    def swap() -> None:  # n1's replica leaves and another of the same shape comes
+        remove_pod("w1", n1, [])
+        add_pod("w3", n1, [])
+        p.changed()
+
+    def drop() -> None:
+        p.node_list.remove(n0)
+        p.changed()
+
+    def timer() -> None:  # the state changes, not the pods
+        p.node_list[0].underused_since = now
+        p.node_changed(p.node_list[0])
+
+    def twins() -> None:  # two nodes alike, with as many pod changes, different pods
+        for n in p.node_list:
+            while n.pods:
+                leave(n, next(iter(n.pods)))
+        p.add_nodes(2, 0.0)
+        a, b = p.node_list[-2:]
+        a.pods_version = b.pods_version = 0
+        place(a, "w5")
+        place(b, "w6")
+
+    def drop_twin() -> None:
+        p.node_list.remove(p.node_list[-2])
+        p.changed()
+
+    changes = [lambda: place(n0, "w1"), lambda: place(n1, "w1"), lambda: place(n1, "w2"),
+               swap, lambda: add_pod("w2", n1, []) or p.changed(),
+               lambda: leave(n1, "w2"), lambda: place(n2, "w4"), drop,
+               lambda: leave(n2, "w4"), timer, twins, drop_twin]
+    same()
+    for i, change in enumerate(changes):
+        change()
+        now += 10.0
+        assert same() is not None, f"change {i}"
+
+
 def test_the_rates_resumed_from_kept_partial_sums_equal_a_fresh_sum() -> None:
     """`Metrics._rates` resumes its sums at the first pool whose version or price factor
     moved: a change to any pool (first, middle, last; nodes, usage, price) must give the
