@@ -55,8 +55,11 @@ import math
 import operator
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from itertools import compress, count
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from broker.placement import queueing
 from broker.sim import physics
@@ -83,10 +86,10 @@ class Metrics:
         self.engine = engine
         self._dirty = True
         self._all_pools: list[SimPool] | None = None
-        # After each pool (in `_pools` order): the versions and price factors the rates were
-        # summed from, and the five partial sums (`_rates`).
-        self._sums: tuple[list[int], list[float],
-                          list[tuple[float, float, float, float, float]]] | None = None
+        # Per pool (in `_pools` order, from row 1): its five terms of the rates, and the
+        # versions and price factors they were computed at (`_rates`).
+        self._terms: np.ndarray | None = None
+        self._seen: tuple[list[int], list[float]] | None = None
         self.cost_rate = self.cpu_used = self.cpu_prov = self.gpu_used = self.gpu_prov = 0.0
         self.cost_usd = self.cpu_used_s = self.cpu_prov_s = self.gpu_used_s = 0.0
         self.gpu_prov_s = self.egress_usd = 0.0
@@ -116,40 +119,32 @@ class Metrics:
         self._dirty = True
 
     def _rates(self) -> None:
-        """The cost and utilisation rates: each sum runs pool after pool in one fixed order,
-        so up to the first pool whose terms may have changed (its version or price factor
-        moved) the partial sums are last time's, kept per pool: the sums resume there."""
+        """The cost and utilisation rates: each a sum over every pool, pool after pool in one
+        fixed order. Each pool's terms are kept in a row of `_terms`, computed again only
+        where the pool's version or price factor moved; the sums run down the rows in C
+        (`np.add.accumulate`: one addition after another from 0.0, a Python loop's very
+        floats; not `sum`, which rounds otherwise from Python 3.12, nor `np.sum`, whose
+        order numpy does not promise)."""
         pools = self._pools()
         versions = list(map(_VERSION, pools))
         factors = list(map(_PRICE_FACTOR, pools))
-        last = self._sums
-        start = 0
-        sums: list[tuple[float, float, float, float, float]] = []
-        if last is not None:
-            moved = map(operator.or_, map(operator.ne, versions, last[0]),
-                        map(operator.ne, factors, last[1]))
-            start = next(compress(count(), moved), len(pools))
-            sums = last[2][:start]
-        cost, cpu_p, cpu_u, gpu_p, gpu_u = sums[-1] if sums else (0.0, 0.0, 0.0, 0.0, 0.0)
-        for p in pools[start:]:
+        terms, last = self._terms, self._seen
+        moved: Iterable[int] = range(len(pools))
+        if terms is None or last is None:
+            terms = self._terms = np.zeros((len(pools) + 1, 5))  # row 0: the sums' 0.0
+        else:
+            moved = compress(count(), map(operator.or_, map(operator.ne, versions, last[0]),
+                                          map(operator.ne, factors, last[1])))
+        for i in moved:
             # A pool's terms change only with its version or price (state.py); a pool
             # without GPUs has GPU terms 0.0 and 0, which leave the sums as they are.
-            kept = p.rates
-            if kept is None or kept[0] != p.version or kept[1] != p.price_factor:
-                n = p.nodes
-                gpus = p.node.gpu
-                kept = (p.version, p.price_factor, (
-                    n * p.price_usd_per_hour, n * p.node.cpu, p.used_cpu,
-                    n * gpus if gpus else 0.0, p.used_gpu if gpus else 0))
-                p.rates = kept
-            p_cost, p_cpu_p, p_cpu_u, p_gpu_p, p_gpu_u = kept[2]
-            cost += p_cost
-            cpu_p += p_cpu_p
-            cpu_u += p_cpu_u
-            gpu_p += p_gpu_p
-            gpu_u += p_gpu_u
-            sums.append((cost, cpu_p, cpu_u, gpu_p, gpu_u))
-        self._sums = (versions, factors, sums)
+            p = pools[i]
+            n = p.nodes
+            gpus = p.node.gpu
+            terms[i + 1] = (n * p.price_usd_per_hour, n * p.node.cpu, p.used_cpu,
+                            n * gpus if gpus else 0.0, p.used_gpu if gpus else 0)
+        self._seen = (versions, factors)
+        cost, cpu_p, cpu_u, gpu_p, gpu_u = np.add.accumulate(terms, axis=0)[-1].tolist()
         self.cost_rate, self.cpu_used, self.cpu_prov = cost / 3600.0, cpu_u, cpu_p
         self.gpu_used, self.gpu_prov = gpu_u, gpu_p
         self._dirty = False

@@ -141,8 +141,6 @@ class SimPool:
     # snapshot's replica counts without walking every workload each epoch.
     replicas_placed: int = 0
     replicas_starting: int = 0
-    # (version, price factor, its terms of the cost and utilisation rates) (sim/metrics.py).
-    rates: tuple[int, float, tuple[float, float, float, float, int]] | None = None
 
     # The spec's name and node shape, as plain attributes (read millions of times a day).
     name: str = field(init=False, repr=False, compare=False)

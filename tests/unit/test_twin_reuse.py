@@ -350,10 +350,10 @@ def test_a_pool_with_pods_kept_by_the_memo_equals_a_fresh_one_whichever_input_ch
         assert same() is not None, f"change {i}"
 
 
-def test_the_rates_resumed_from_kept_partial_sums_equal_a_fresh_sum() -> None:
-    """`Metrics._rates` resumes its sums at the first pool whose version or price factor
-    moved: a change to any pool (first, middle, last; nodes, usage, price) must give the
-    very floats a sum from scratch gives."""
+def test_the_rates_from_kept_terms_equal_a_fresh_sum() -> None:
+    """`Metrics._rates` computes a pool's terms again only where its version or price factor
+    moved, and sums them in C: a change to any pool (first, middle, last; nodes, usage,
+    price) must give the very floats a sum from scratch gives, and a Python loop's."""
     def spec(name: str, gpu: int) -> PoolSpec:
         return PoolSpec(name=name, instance_type="x", node=Resources(8.0, 32.0, gpu), nodes=3,
                         max_nodes=10, spot=False, price_usd_per_hour=0.37 + gpu)
@@ -361,6 +361,13 @@ def test_the_rates_resumed_from_kept_partial_sums_equal_a_fresh_sum() -> None:
     clusters = {name: make_cluster(ClusterSpec(
         name=name, provider="aws", region="r", zones=("z",), lat=0.0, lon=0.0,
         pools=(spec("a", 0), spec("b", 4), spec("c", 0)))) for name in ("c1", "c2")}
+    for k in range(40):  # many pools of awkward usage: any other order of sums rounds apart
+        name = f"u{k}"
+        clusters[name] = make_cluster(ClusterSpec(
+            name=name, provider="aws", region="r", zones=("z",), lat=0.0, lon=0.0,
+            pools=(spec("a", 0),)))
+        clusters[name].pools[0].occupy(clusters[name].pools[0].node_list[0],
+                                        0.1 * (k % 7) + 1e-3 * k, 0.3, 0)
     engine = SimpleNamespace(clusters=clusters)
     kept = Metrics(engine)  # type: ignore[arg-type]
     pools = [p for c in clusters.values() for p in c.pools]
@@ -368,6 +375,17 @@ def test_the_rates_resumed_from_kept_partial_sums_equal_a_fresh_sum() -> None:
     def rates(m: Metrics) -> tuple[float, ...]:
         m._rates()
         return (m.cost_rate, m.cpu_used, m.cpu_prov, m.gpu_used, m.gpu_prov)
+
+    def loop() -> tuple[float, ...]:  # the sums, pool after pool, from 0.0
+        cost = cpu_p = cpu_u = gpu_p = gpu_u = 0.0
+        for p in pools:
+            n, gpus = p.nodes, p.node.gpu
+            cost += n * p.price_usd_per_hour
+            cpu_p += n * p.node.cpu
+            cpu_u += p.used_cpu
+            gpu_p += n * gpus
+            gpu_u += p.used_gpu
+        return (cost / 3600.0, cpu_u, cpu_p, gpu_u, gpu_p)
 
     rates(kept)
     changes = [
@@ -380,3 +398,4 @@ def test_the_rates_resumed_from_kept_partial_sums_equal_a_fresh_sum() -> None:
     for i, change in enumerate(changes):
         change()
         assert rates(kept) == rates(Metrics(engine)), f"change {i}"  # type: ignore[arg-type]
+        assert rates(kept) == loop(), f"change {i}"
