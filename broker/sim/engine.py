@@ -513,7 +513,7 @@ class Engine:
             if spread:
                 p.changed()
                 for n in grp:
-                    if n in p.node_list:
+                    if p.holds(n):
                         n.gpu_free += 1
             if home is not None:
                 p.vacate(home, ev.cpu, ev.memory_gib, 0 if spread else ev.gpu, self.now)
@@ -587,6 +587,11 @@ class Engine:
         for c in self.clusters.values():
             for p in c.pools:
                 p.check()
+                held = p.held  # `holds`'s cache, where current, is the node list
+                if held is not None and held[0] == p.reshaped and (
+                        len(held[1]) != len(p.node_list) or not all(map(p.holds, p.node_list))):
+                    raise CapacityError(f"{c.name}/{p.name}: the node list changed without "
+                                        "changed() (SimPool.holds)")
                 for n in p.node_list:
                     if n.pods != pods.get(id(n), {}):
                         raise CapacityError(f"{c.name}/{p.name}: a node's pods differ from "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from dataclasses import dataclass, field
 
 from broker.domain import NodeState, Placement, Resources, Workload
@@ -95,6 +96,9 @@ def _ready_at(n: Node) -> float:
     return n.ready_at
 
 
+_GPU_FREE = operator.attrgetter("gpu_free")
+
+
 @dataclass(slots=True, eq=False)
 class NodeReading:
     """What the snapshot last read of a pool's nodes and made of them, per node index: the
@@ -128,6 +132,9 @@ class SimPool:
     # read the pool, so it reads only those again; None: any node or the list may have
     # changed (`changed()`, which every other change calls): it compares every node.
     touched: list[Node] | None = None
+    reshaped: int = 0  # `version` at the last `changed()` (the node list may differ since)
+    # (`reshaped` then, the listed nodes by id): `holds`'s cache.
+    held: tuple[int, dict[int, Node]] | None = None
     # The snapshot's reading of the nodes: (version, valid until (a booting node's ready_at),
     # the reading); sim/snapshot.py owns it.
     observed: tuple[int, float, PoolObservation] | None = None
@@ -154,6 +161,15 @@ class SimPool:
         """A node or the node list changed: the snapshot must read the nodes again."""
         self.version += 1
         self.touched = None
+        self.reshaped = self.version
+
+    def holds(self, n: Node) -> bool:
+        """`n in node_list`, by identity, without a scan while the list is as it was at the
+        last call (every change to the list calls `changed()` after it)."""
+        held = self.held
+        if held is None or held[0] != self.reshaped:
+            held = self.held = (self.reshaped, {id(x): x for x in self.node_list})
+        return held[1].get(id(n)) is n
 
     def node_changed(self, n: Node) -> None:
         """Node `n`'s values changed, nothing else (not the node list): `changed()`, but the
@@ -200,7 +216,8 @@ class SimPool:
             return 0
         if self.gpus_used[0] != self.version:
             gpus = self.node.gpu
-            self.gpus_used = (self.version, sum(gpus - n.gpu_free for n in self.node_list))
+            nodes = self.node_list  # ints: the same as summing gpus - gpu_free node by node
+            self.gpus_used = (self.version, gpus * len(nodes) - sum(map(_GPU_FREE, nodes)))
         return self.gpus_used[1]
 
     def free(self) -> Resources:
@@ -305,7 +322,7 @@ class SimPool:
         self.used_cpu = x if x > 0.0 else 0.0
         x = self.used_mem - mem
         self.used_mem = x if x > 0.0 else 0.0
-        if n not in self.node_list:
+        if not self.holds(n):
             return  # the node is gone (reclaimed): nothing to give back
         x = n.used_cpu - cpu
         n.used_cpu = x if x > 0.0 else 0.0
@@ -337,7 +354,6 @@ class SimPool:
     def add_nodes(self, count: int, ready_at: float, *, prewarmed: bool = False) -> int:
         """Order nodes; each goes to the zone with the fewest nodes (zone-balanced groups)."""
         count = max(0, min(count, self.spec.max_nodes - self.nodes))
-        self.changed()
         per_zone = [0] * max(1, self.zones)  # kept as nodes come: one count, not one a node
         for n in self.node_list:
             per_zone[n.zone % len(per_zone)] += 1
@@ -347,6 +363,7 @@ class SimPool:
             self.node_list.insert(bisect.bisect_right(self.node_list, ready_at, key=_ready_at),
                                   Node(ready_at, self.node.gpu, prewarmed, zone=zone,
                                        underused_since=ready_at))
+        self.changed()
         return count
 
     def check(self) -> None:

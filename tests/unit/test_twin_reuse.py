@@ -350,6 +350,35 @@ def test_a_pool_with_pods_kept_by_the_memo_equals_a_fresh_one_whichever_input_ch
         assert same() is not None, f"change {i}"
 
 
+def test_a_pool_holds_exactly_the_nodes_of_its_list_through_every_change() -> None:
+    """`SimPool.holds` (`n in node_list` without a scan, kept until `changed()`): a node
+    removed (scale-in, reclaim), a node added, a node of another pool; and `vacate` of a
+    node gone gives nothing back to it."""
+    spec = PoolSpec(name="m5", instance_type="m5.2xlarge", node=Resources(8.0, 32.0, 0),
+                    nodes=3, max_nodes=10, spot=False, price_usd_per_hour=0.4)
+    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("z",),
+                                 lat=0.0, lon=0.0, pools=(spec, dataclasses.replace(
+                                     spec, name="other"))))
+    p, other = c.pools
+    a, b, _ = p.node_list
+    p.occupy(b, 2.0, 2.0, 0)
+    assert all(map(p.holds, p.node_list))
+    assert not any(map(p.holds, other.node_list))
+    p.node_list.remove(b)
+    p.changed()
+    assert not p.holds(b)
+    assert p.holds(a)
+    p.vacate(b, 2.0, 2.0, 0, 10.0)
+    assert b.used_cpu == 2.0  # gone: nothing given back to it
+    p.add_nodes(2, 50.0)
+    assert all(map(p.holds, p.node_list))
+    assert len(p.node_list) == 4
+    p.occupy(a, 1.0, 1.0, 0)  # not a change of the list: the cache stays
+    p.node_list.remove(a)
+    p.changed()
+    assert not p.holds(a)
+
+
 def test_the_rates_from_kept_terms_equal_a_fresh_sum() -> None:
     """`Metrics._rates` computes a pool's terms again only where its version or price factor
     moved, and sums them in C: a change to any pool (first, middle, last; nodes, usage,
