@@ -146,6 +146,9 @@ class Engine:
         self.rng = random.Random(scenario.seed)
         self.hazard_rng = stream(scenario.seed, SPOT_HAZARD)
         self.clusters = {c.name: _make_cluster(c) for c in scenario.clusters}
+        # Every pool, cluster by cluster, and its (cluster, pool) (neither ever changes).
+        self.pools = [p for c in self.clusters.values() for p in c.pools]
+        self.pool_keys = [(p.cluster, p.name) for p in self.pools]
         self.workloads: dict[str, WorkloadState] = {}
         # The workloads not finished: the only ones with replicas placed (groups). A day's
         # trace holds thousands of finished jobs the snapshot need not walk every epoch.

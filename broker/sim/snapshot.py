@@ -122,7 +122,7 @@ def running_placement(ws: WorkloadState, *, reuse: bool = True) -> Placement:
 def movable(ws: WorkloadState) -> bool:
     """A service fully running, not being moved: what the migration rules may look at."""
     return (ws.ev.kind == "service" and not ws.finished and ws.pending == 0
-            and ws.moving is None and bool(ws.groups) and all(g.running for g in ws.groups))
+            and ws.moving is None and bool(ws.groups) and all(map(_RUNNING, ws.groups)))
 
 
 def registered(c: SimCluster, now: float) -> Cluster:
@@ -280,6 +280,27 @@ def pool_replica_counts(clusters: Iterable[SimCluster]) -> dict[Pair, tuple[int,
             for c in clusters for p in c.pools if p.replicas_placed}
 
 
+def _demand(engine: Engine) -> dict[Pair, tuple[float, float]]:
+    """Each pool's demand rates (cpu, gpu per s) decayed to now, by (cluster, pool): one
+    factor for both rates of a pool, `decayed`'s very numbers (a rate of 0.0 stays 0.0: the
+    factor is in (0, 1], tau > 0), computed once per distinct time the rates were brought
+    up to date and multiplied in C."""
+    now, tau = engine.now, engine.config.demand_tau_s
+    pools = engine.pools
+    at = list(map(_DEMAND_AT, pools))
+    factor = {t: decay_factor(t, now, tau) for t in set(at)}
+    f = list(map(factor.__getitem__, at))
+    cpu = map(operator.mul, map(_DEMAND_CPU, pools), f)
+    gpu = map(operator.mul, map(_DEMAND_GPU, pools), f)
+    return dict(zip(engine.pool_keys, zip(cpu, gpu, strict=True), strict=True))
+
+
+_RUNNING = operator.attrgetter("running")  # a Group's
+_DEMAND_AT = operator.attrgetter("demand_at_s")
+_DEMAND_CPU = operator.attrgetter("demand_cpu_per_s")
+_DEMAND_GPU = operator.attrgetter("demand_gpu_per_s")
+
+
 def network_of(scenario: Scenario, catalog: NetworkCatalog | None
                ) -> tuple[dict[Pair, float], dict[Pair, float]]:
     """Cluster graph RTTs and throughput (placement/network.py's rule), once per run."""
@@ -318,23 +339,12 @@ def member_inputs(c: SimCluster, now: float, *, reuse: bool = True
 
 def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     now = engine.now
-    tau = engine.config.demand_tau_s
     reuse = engine.config.reuse_observations
     clusters = list(engine.clusters.values())
     read = [member_inputs(c, now, reuse=reuse) for c in clusters]
     members = tuple(m for m, _ in read)
     inventory = {c.name: inv for c, (_, inv) in zip(clusters, read, strict=True)}
-    demand: dict[Pair, tuple[float, float]] = {}
-    factors: dict[float, float] = {}  # by when the rates were last brought up to date
-    for c in clusters:
-        for p in c.pools:  # one factor for both rates: `decayed`'s very numbers
-            cpu, gpu = p.demand_cpu_per_s, p.demand_gpu_per_s
-            if cpu or gpu:
-                f = factors.get(p.demand_at_s)
-                if f is None:
-                    f = factors[p.demand_at_s] = decay_factor(p.demand_at_s, now, tau)
-                cpu, gpu = cpu * f, gpu * f
-            demand[(c.name, p.name)] = (cpu, gpu)  # else 0.0 * a factor in [0, 1] (tau > 0)
+    demand = _demand(engine)
     pair_rtt, gbps = engine.network
     return MergeInputs(
         now_s=now, members=members,

@@ -19,6 +19,7 @@ import bisect
 import math
 import operator
 from dataclasses import dataclass, field
+from itertools import compress
 
 from broker.domain import NodeState, Placement, Resources, Workload
 from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
@@ -97,6 +98,8 @@ def _ready_at(n: Node) -> float:
 
 
 _GPU_FREE = operator.attrgetter("gpu_free")
+_COUNT = operator.attrgetter("count")  # a Group's
+_RUNNING = operator.attrgetter("running")
 
 
 @dataclass(slots=True, eq=False)
@@ -482,8 +485,9 @@ class WorkloadState:
 
     @property
     def running(self) -> int:
-        return sum(g.count for g in self.groups if g.running)
+        groups = self.groups
+        return sum(compress(map(_COUNT, groups), map(_RUNNING, groups)))
 
     @property
     def placed(self) -> int:
-        return sum(g.count for g in self.groups)
+        return sum(map(_COUNT, self.groups))

@@ -379,6 +379,32 @@ def test_a_pool_holds_exactly_the_nodes_of_its_list_through_every_change() -> No
     assert not p.holds(a)
 
 
+def test_the_demand_rates_are_each_pools_own_decayed_rates() -> None:
+    """`_demand` computes one decay factor per distinct update time and multiplies in C:
+    each pool's pair must be `decayed`'s numbers for its own rates and time, zeros zero."""
+    from broker.placement.observed import decayed
+
+    shape = Resources(8.0, 32.0, 0)
+    specs = tuple(PoolSpec(name=name, instance_type="m5.2xlarge", node=shape, nodes=1,
+                           max_nodes=10, spot=False, price_usd_per_hour=0.4)
+                  for name in ("a", "b", "c", "d"))
+    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("z",),
+                                 lat=0.0, lon=0.0, pools=specs))
+    pa, pb, pc, _ = c.pools  # d: no demand at all
+    pa.add_demand(100.0, 3.7, 0.0, 900.0)
+    pb.add_demand(100.0, 1.3, 2.0, 900.0)
+    pc.add_demand(250.0, 0.1, 1.0, 900.0)  # another update time
+    pools = list(c.pools)
+    engine = SimpleNamespace(now=1000.0, config=SimpleNamespace(demand_tau_s=900.0),
+                             pools=pools, pool_keys=[("c", p.name) for p in pools])
+    got = sim_snapshot._demand(engine)  # type: ignore[arg-type]
+    assert got == {("c", p.name): (decayed(p.demand_cpu_per_s, p.demand_at_s, 1000.0, 900.0),
+                                   decayed(p.demand_gpu_per_s, p.demand_at_s, 1000.0, 900.0))
+                   for p in pools}
+    assert got[("c", "d")] == (0.0, 0.0)
+    assert got[("c", "b")] != (1.3 / 900.0, 2.0 / 900.0)  # decayed since
+
+
 def test_the_rates_from_kept_terms_equal_a_fresh_sum() -> None:
     """`Metrics._rates` computes a pool's terms again only where its version or price factor
     moved, and sums them in C: a change to any pool (first, middle, last; nodes, usage,
