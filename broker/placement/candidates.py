@@ -41,6 +41,7 @@ inter-region list price), across providers or to the internet 0.09 USD/GB
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -176,11 +177,12 @@ class _ClusterBlock:
     value; its Options are made again only where the cluster's first option index moved."""
 
     cluster: Cluster
-    # per pool: Pool.figures, price, spot, edge-priced, IC rank, nodes, max nodes, used vCPU
-    # and GPUs, empty nodes
-    rows: list[tuple[float, ...]]
+    # per pool (rows): Pool.figures, price, spot, edge-priced, IC rank, nodes, max nodes,
+    # used vCPU and GPUs, empty nodes
+    rows: FloatArray
     models: list[str]
     quota: tuple[float | None, float | None]
+    keys: list[tuple[str, str]]  # (cluster, pool) names
     start: int = -1
     options: tuple[Option, ...] = ()
 
@@ -204,7 +206,9 @@ def _cluster_block(c: Cluster) -> _ClusterBlock:
     q_cpu, q_gpu = c.quota_vcpu, c.quota_gpu
     quota = (None if q_cpu is None else max(0.0, q_cpu - have_cpu),
              None if q_gpu is None else max(0.0, q_gpu - have_gpu))
-    return _ClusterBlock(c, rows, [(p.gpu_model or "").lower() for p in c.pools], quota)
+    return _ClusterBlock(c, np.array(rows, dtype=np.float64).reshape(-1, 16),
+                         [(p.gpu_model or "").lower() for p in c.pools], quota,
+                         [(c.name, p.name) for p in c.pools])
 
 
 def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
@@ -217,19 +221,18 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
     clusters = snapshot.clusters
     if memo is not None and memo.option_table is not None:
         last, out = memo.option_table
-        if len(last) == len(clusters) and all(a is b for a, b in zip(last, clusters,
-                                                                        strict=True)):
+        if len(last) == len(clusters) and all(map(operator.is_, last, clusters)):
             return out  # type: ignore[return-value]
     blocks = memo.option_blocks if memo is not None else {}
     options: list[Option] = []
-    rows: list[tuple[float, ...]] = []
+    rows: list[FloatArray] = []
     models: list[str] = []
+    keys: list[tuple[str, str]] = []
     col: list[int] = []
     names: list[str] = []
     quota: dict[str, tuple[float | None, float | None]] = {}
     with_pools: list[Cluster] = []
     by_cluster: dict[str, tuple[int, ...]] = {}
-    option_of: dict[tuple[str, str], int] = {}
     for c in clusters:
         blk = blocks.get(c.name)
         if not isinstance(blk, _ClusterBlock) or blk.cluster is not c:
@@ -245,15 +248,16 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
         ci = len(with_pools)
         with_pools.append(c)
         options.extend(blk.options)
-        rows.extend(blk.rows)
+        rows.append(blk.rows)
         models.extend(blk.models)
+        keys.extend(blk.keys)
         n = len(blk.options)
         col.extend([ci] * n)
         names.extend([c.name] * n)
         quota[c.name] = blk.quota
         by_cluster[c.name] = tuple(range(start, start + n))
-        option_of.update(((c.name, p.name), start + i) for i, p in enumerate(c.pools))
-    table = np.array(rows, dtype=np.float64).reshape(-1, 16)
+    option_of = dict(zip(keys, range(len(keys)), strict=True))
+    table = np.concatenate(rows) if rows else np.zeros((0, 16))
     col_a = np.array(col, dtype=np.int64)
     healthy_c = np.array([c.healthy for c in with_pools], dtype=bool)
     edge_c = np.array([c.is_edge for c in with_pools], dtype=bool)
