@@ -415,12 +415,13 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     feasible = visible.copy()
     for m in masks.values():
         feasible &= m
+    weighted = any(w.spec.replica_weights for w in wls)
     targets, in_share = weighted_targets(wls, [o.cluster for o in options], feasible) \
-        if any(w.spec.replica_weights for w in wls) else \
-        (tuple({} for _ in wls), np.ones(feasible.shape, dtype=np.bool_))
+        if weighted else (tuple({} for _ in wls), np.ones(feasible.shape, dtype=np.bool_))
     counts = _infeasible_counts(visible, masks, feasible, in_share) if columns else \
         tuple({} for _ in wls)
-    feasible &= in_share
+    if weighted:
+        feasible &= in_share
     parts = _costs(snapshot, action, wls, options, clusters, demand, node, rtt,
                    service_horizon_h, site_cost_fraction, table=table)
     compute, egress, latency, bias, usdh = parts

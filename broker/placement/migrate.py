@@ -269,21 +269,31 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
         ask = asks[i]
         r = int(reps[i])
         src_idx, now_cost = sources[i], float(now_costs[i])
-        for j in np.argsort(score[i], kind="stable").tolist():
+        # Options cheapest first (stable). The first is `first[i]` (argmin keeps the first of
+        # equals, as a stable sort does), so the sort is made only when the loop goes on.
+        order: list[int] | None = None
+        pos, j = 0, int(first[i])
+        while True:
             if not math.isfinite(score[i, j]):
                 break
             new_cost = float(running[i, j]) * r
             if not _worth(ask.reason, now_cost, new_cost, float(one_off[i, j]), src_idx, cfg):
                 break  # the cheapest fitting option is not worth it: no dearer one is
             if ask.reason == "better":  # budgeted: decided below, largest saving first
-                if room.take(i, j, r, dry=True) != 0:
-                    continue  # a move for a saving uses room there is, never buys nodes
-                better.append((new_cost - now_cost, i, j, float(one_off[i, j])))
+                if room.take(i, j, r, dry=True) == 0:  # a saving uses room there is
+                    better.append((new_cost - now_cost, i, j, float(one_off[i, j])))
+                    break
+            else:
+                m = _move(cs, room, ask, i, j, now_cost, float(one_off[i, j]))
+                if m is not None:
+                    out.append(m)
+                    break
+            if order is None:
+                order = np.argsort(score[i], kind="stable").tolist()
+            pos += 1
+            if pos >= len(order):
                 break
-            m = _move(cs, room, ask, i, j, now_cost, float(one_off[i, j]))
-            if m is not None:
-                out.append(m)
-                break
+            j = order[pos]
     budget = max(1, int(cfg.migration_budget_fraction * len(snapshot.running)))
     for neg_saving, i, j, one_off_j in sorted(better):
         if budget <= 0:
