@@ -297,8 +297,8 @@ def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset
     and rules out the nodes that run services (nearly all), so the receivers are listed only
     when a candidate qualifies.
     """
-    if threshold <= 0:
-        return []
+    if threshold <= 0 or not any(p.reports_workloads for p in c.pools):
+        return []  # no node says what runs on it: no candidate (the twin's non-housekeeping)
     pools = [p for p in c.pools if p.pricing is not PricingModel.EDGE and p.node_states]
     movable = rule.movable
     cands = [(n, p) for p in pools if (c.name, p.name) not in skip and p.reports_workloads
