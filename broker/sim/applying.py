@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from itertools import compress
 from typing import TYPE_CHECKING
 
 from broker.domain import Placement
@@ -384,17 +385,30 @@ def node_for(eng: Engine, c: SimCluster, p: SimPool, cpu: float, mem: float,
 def observe_idle(eng: Engine) -> None:
     """The scale-in timers as a node poller keeps them: started when a ready node is first
     seen empty (`SimPool.vacate` starts it when its last replica goes), cleared when it is
-    not. An observation, not a decision: plan_epoch decides from the timers."""
+    not. An observation, not a decision: plan_epoch decides from the timers.
+
+    After a pass over a pool every node has its timer iff it is ready and empty, and
+    `occupy` and `vacate` keep that for the node they change (they clear and start its
+    timer); so until the pool's next `changed()` (its list, or GPUs freed or taken
+    otherwise) only the nodes that came up since the last pass need a look, and none while
+    no node came up. Without `SimConfig.reuse_observations` every node of every pool is
+    looked at every epoch (the reference the tests compare against)."""
     now = eng.now
+    reuse = eng.config.reuse_observations
     for c in eng.clusters.values():
         if c.spec.fixed:
             continue
         for p in c.pools:
-            # Unchanged since its last pass and no node came up since: nothing to do.
-            if p.idle_seen[0] == p.version and now < p.idle_seen[1]:
-                continue
+            nodes = p.node_list
+            seen = p.idle_seen  # (`reshaped`, time, the next ready_at then) at the last pass
+            if reuse and seen[0] == p.reshaped:
+                if now < seen[2]:
+                    continue  # no change but by occupy and vacate, and no node came up
+                ready = list(map(_READY_AT, nodes))
+                nodes = list(compress(nodes, map(operator.and_, map(seen[1].__lt__, ready),
+                                                 map(now.__ge__, ready))))
             gpus = p.node.gpu
-            for n in p.node_list:
+            for n in nodes:
                 # Idle: ready with nothing on it (`SimPool.idle_nodes`; only idle_since moves
                 # here, which that rule does not read).
                 if n.ready_at <= now and n.empty(gpus):
@@ -404,5 +418,5 @@ def observe_idle(eng: Engine) -> None:
                 elif n.idle_since is not None:
                     n.idle_since = None
                     p.node_changed(n)
-            p.idle_seen = (p.version, min(filter(now.__lt__, map(_READY_AT, p.node_list)),
-                                          default=math.inf))
+            p.idle_seen = (p.reshaped, now, min(filter(now.__lt__, map(_READY_AT, p.node_list)),
+                                                default=math.inf))

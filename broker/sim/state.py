@@ -144,8 +144,9 @@ class SimPool:
     # The snapshot's last reading of the nodes, per index (sim/snapshot.py).
     node_memo: NodeReading | None = None
     gpus_used: tuple[int, int] = (-1, 0)  # (version, GPUs in use then): `used_gpu`'s cache
-    # (version, valid until) after the last idle-timer pass (sim/applying.py observe_idle).
-    idle_seen: tuple[int, float] = (-1, -math.inf)
+    # (`reshaped`, the time, the next booting node's ready_at) at the last idle-timer pass
+    # (sim/applying.py observe_idle).
+    idle_seen: tuple[int, float, float] = (-1, -math.inf, -math.inf)
     # Replicas of the engine's groups on this pool, and how many of them are not running yet,
     # kept as groups come, start and go (Engine.release, _group_ready, applying.reserve): the
     # snapshot's replica counts without walking every workload each epoch.

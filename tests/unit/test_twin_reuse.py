@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from broker.sim import snapshot as sim_snapshot
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.metrics import Metrics
 from broker.sim.scenario import ClusterSpec, PoolSpec, Scenario, load_scenario
-from broker.sim.state import Node, make_cluster
+from broker.sim.state import Node, SimPool, make_cluster
 from providers.catalog import Catalog
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
@@ -403,6 +404,56 @@ def test_the_demand_rates_are_each_pools_own_decayed_rates() -> None:
                    for p in pools}
     assert got[("c", "d")] == (0.0, 0.0)
     assert got[("c", "b")] != (1.3 / 900.0, 2.0 / 900.0)  # decayed since
+
+
+def test_idle_timers_looked_at_only_where_needed_equal_a_pass_over_every_node() -> None:
+    """`observe_idle` looks only at nodes that came up since its last pass, until the pool's
+    next `changed()`: each kind of change (a replica placed or gone, a node booting and up,
+    GPUs taken and freed across nodes, a node added or removed) must leave the very timers
+    a pass over every node leaves."""
+    from broker.sim.applying import observe_idle
+
+    spec = PoolSpec(name="p4", instance_type="p4d.24xlarge", node=Resources(96.0, 1152.0, 8),
+                    nodes=3, max_nodes=10, spot=False, price_usd_per_hour=32.0)
+
+    def engine(reuse: bool) -> SimpleNamespace:
+        c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1",
+                                     zones=("z",), lat=0.0, lon=0.0, pools=(spec,)))
+        return SimpleNamespace(now=0.0, clusters={"c": c},
+                               config=SimpleNamespace(reuse_observations=reuse))
+
+    def spread_and_free(p: SimPool) -> None:  # a replica's GPUs over nodes, then freed
+        taken = p.take_spread(10)
+        assert taken is not None
+        for n in taken:
+            n.gpu_free += 1
+        p.changed()
+
+    def drop(p: SimPool) -> None:
+        p.node_list.remove(p.node_list[0])
+        p.changed()
+
+    changes: list[Callable[[SimPool, float], object]] = [
+        lambda p, t: p.occupy(p.node_list[0], 4.0, 4.0, 1),
+        lambda p, t: p.vacate(p.node_list[0], 4.0, 4.0, 1, t),
+        lambda p, t: p.add_nodes(2, t + 25.0),  # up before the next pass
+        lambda p, t: p.occupy(p.node_list[-1], 1.0, 1.0, 0),  # a booting node
+        lambda p, t: None,
+        lambda p, t: spread_and_free(p),
+        lambda p, t: p.occupy(p.node_list[1], 1.0, 1.0, 8),
+        lambda p, t: drop(p),
+        lambda p, t: p.vacate(p.node_list[0], 1.0, 1.0, 8, t),
+        lambda p, t: p.add_nodes(1, t + 100.0),  # up three passes later
+        lambda p, t: None, lambda p, t: None, lambda p, t: None]
+    fast, full = engine(True), engine(False)
+    for i, change in enumerate(changes):
+        for eng in (fast, full):
+            eng.now = 30.0 * (i + 1)
+            change(eng.clusters["c"].pools[0], eng.now - 10.0)
+            observe_idle(eng)  # type: ignore[arg-type]
+        timers = [[n.idle_since for n in eng.clusters["c"].pools[0].node_list]
+                  for eng in (fast, full)]
+        assert timers[0] == timers[1], f"change {i}"
 
 
 def test_the_rates_from_kept_terms_equal_a_fresh_sum() -> None:
