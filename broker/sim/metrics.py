@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 _ZONE = operator.attrgetter("zone")
 _VERSION = operator.attrgetter("version")
 _PRICE_FACTOR = operator.attrgetter("price_factor")
+_PENDING = operator.attrgetter("pending")
 METRIC_KEYS = (
     "utilization_cpu", "utilization_gpu", "cost_usd", "scale_out_response_s_p50",
     "scale_out_response_s_p95", "cross_zone_traffic_frac", "gpu_job_start_s_p50",
@@ -176,7 +177,8 @@ class Metrics:
         version = self.engine.state_version
         if version != self._pending_version:
             self._pending_version = version
-            self._pending_cache = sum(self.engine.workloads[w].pending for w in self.engine.pending)
+            eng = self.engine  # counted in C (ints: the same sum)
+            self._pending_cache = sum(map(_PENDING, map(eng.workloads.__getitem__, eng.pending)))
         return self._pending_cache
 
     def data_moved(self, gb: float, *, cross: bool, egress_usd: float) -> None:
