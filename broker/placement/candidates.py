@@ -169,6 +169,10 @@ class OptionTable:
     empty: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # (cluster, pool) names -> option index.
     option_of: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # `node` and `free` clipped at 0 as lists of [cpu, memory_gib, gpu] rows, what the
+    # Ledger's per-replica paths read (ledger.py). Shared by every Ledger: never changed.
+    node_rows: Sequence[Sequence[float]] = ()
+    free_rows: Sequence[Sequence[float]] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -281,7 +285,8 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
     out = (tuple(options), OptionTable(
         quota=MappingProxyType(quota), cluster_of=tuple(names), clusters=tuple(with_pools),
         gpu_model=tuple(models), cluster_options=MappingProxyType(by_cluster),
-        option_of=MappingProxyType(option_of), **arrays))
+        option_of=MappingProxyType(option_of), node_rows=arrays["node"].tolist(),
+        free_rows=np.maximum(arrays["free"], 0.0).tolist(), **arrays))
     if memo is not None:
         memo.option_table = (clusters, out)
     return out

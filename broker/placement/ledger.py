@@ -141,8 +141,11 @@ class Ledger:
         self.conflicts = conflicts(cs.workloads)
         self.node_usd = node_costs(cs)
         # Python mirrors of what the per-replica paths read (see the class docstring).
-        self._node_l: list[list[float]] = self.node.tolist()
-        self._free_l: list[list[float]] = self.free.tolist()
+        shared = len(cs.table.node_rows) == n_o  # the table's read-only rows
+        self._node_l: Sequence[Sequence[float]] = cs.table.node_rows if shared \
+            else self.node.tolist()
+        self._free_l: Sequence[Sequence[float]] = cs.table.free_rows if shared \
+            else self.free.tolist()
         self._use_l: list[list[float]] = [[0.0, 0.0, 0.0] for _ in range(n_o)]
         self._h_l: list[float] = self.h.tolist()
         self._dem_l: list[list[float]] = cs.demand.tolist()
