@@ -24,6 +24,7 @@ Model (Erlang C; Kleinrock, *Queueing Systems* vol. 1, 1975, section 3.5):
 
 from __future__ import annotations
 
+import functools
 import math
 
 TARGET_UTILIZATION = 0.5
@@ -42,8 +43,11 @@ def erlang_c(servers: int, offered: float) -> float:
     return servers * b / (servers - offered * (1.0 - b))
 
 
+@functools.lru_cache(maxsize=65536)
 def queue_wait_ms(servers: int, offered: float, service_ms: float = SERVICE_TIME_MS) -> float:
-    """Mean waiting time (ms) of M/M/c with `servers` replicas and offered load `offered`."""
+    """Mean waiting time (ms) of M/M/c with `servers` replicas and offered load `offered`.
+    Memoised (a pure function of its arguments): the twin's SLO metric asks it again for
+    every change of a service, and the Erlang B recursion runs once per replica."""
     if servers <= 0 or offered >= servers:
         return math.inf
     if offered <= 0:

@@ -213,8 +213,11 @@ class Metrics:
         """(bytes/s, cross-zone bytes/s) of a service: peer traffic plus routed user traffic."""
         eng = self.engine
         zones_of: dict[str, Counter[int]] = {}
-        for g in running:  # replicas per zone, counted in C (zones in the order first met)
-            zones_of.setdefault(g.cluster, Counter()).update(map(_ZONE, g.nodes))
+        for g in running:  # replicas per zone (zones in the order first met), per group kept
+            zc = g.zones
+            if zc is None or zc[0] != len(g.nodes):
+                zc = g.zones = (len(g.nodes), Counter(map(_ZONE, g.nodes)))
+            zones_of.setdefault(g.cluster, Counter()).update(zc[1])
         n = sum(sum(z.values()) for z in zones_of.values())
         if n == 0:
             return 0.0, 0.0

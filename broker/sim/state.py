@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress
 
@@ -443,6 +444,9 @@ class Group:
     ready_s: float = math.inf
     running: bool = False
     token: int = 0  # identifies this group in scheduled events
+    # Its replicas per zone as metrics.py last counted them, with len(nodes) then: `nodes`
+    # only ever loses entries (a replica released), so an equal length means an equal count.
+    zones: tuple[int, Counter[int]] | None = None
 
 
 @dataclass(slots=True)
