@@ -131,8 +131,16 @@ def train(
     reward_weights: Annotated[str | None, typer.Option(
         help="reward weights, e.g. 'cost=1,slo=1,xzone=0.1,queue=0.1,gpu=0.1' (the rest "
              "default; --tune-trials tunes them instead)")] = None,
+    algorithm: Annotated[str, typer.Option(
+        help="ppo (per-decision rewards vs lp) or es (whole episodes in antithetic pairs, "
+             "the actor heads' last layers; docs/twin.md 'The policy')")] = "ppo",
+    es_pairs: Annotated[int, typer.Option(
+        min=1, max=256, help="es: antithetic pairs (scenarios) per iteration")] = 8,
+    es_sigma: Annotated[float, typer.Option(
+        min=1e-4, max=10.0, help="es: noise scale of the parameter perturbations")] = 0.1,
 ) -> None:
-    """Train the actor-critic policy (PPO+GAE) in the twin on randomized scenarios. CPU only."""
+    """Train the actor-critic policy in the twin on randomized scenarios (PPO+GAE, or ES
+    with --algorithm es). CPU only."""
     from broker.sim.rollout import RewardWeights
     from broker.sim.scenario import ScenarioError
     from broker.sim.train import TrainConfig, load_target, train_policy
@@ -145,7 +153,8 @@ def train(
         cfg = TrainConfig(minutes=minutes, seed=seed, scenarios=tuple(scenario or ()),
                           tune_trials=tune_trials, target=tgt, episodes=episodes, jobs=jobs,
                           lr=lr, start=start, data=data, trace_share=trace_share,
-                          weights=weights)
+                          weights=weights, algorithm=algorithm, es_pairs=es_pairs,
+                          es_sigma=es_sigma)
         summary = train_policy(cfg, out)
     except (ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,6 +97,13 @@ class TrainConfig:
     # scenarios) are drafts from the real traces (broker/sim/tracedraft.py).
     data: Path | None = None
     trace_share: float = 0.75
+    # "ppo" (PPO + GAE on per-decision rewards) or "es" (broker/sim/es.py: whole episodes,
+    # antithetic pairs on the actor heads' last layers), with ES's pairs per iteration, noise
+    # scale, and how often (iterations) it checks its held-out drafts against lp.
+    algorithm: str = "ppo"
+    es_pairs: int = 8
+    es_sigma: float = 0.1
+    es_eval_every: int = 5
 
 
 def load_target(path: Path | None) -> dict[str, float]:
@@ -187,6 +195,9 @@ class TrainOutcome:
     mean_reward_first: float
     mean_reward_last: float
     seconds: float
+    # ES only: iterations and the held-out checks (es.EsOutcome.history).
+    iterations: int = 0
+    history: list[dict[str, object]] = field(default_factory=list)
 
 
 def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
@@ -203,6 +214,10 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
     model = ActorCritic(hidden=HIDDEN, rounds=MP_ROUNDS)
     if start is not None:
         model.load_state_dict(start.state_dict())
+    if cfg.algorithm == "es":
+        return _train_es(model, cfg, budget_s=budget_s, progress=progress)
+    if cfg.algorithm != "ppo":
+        raise ValueError(f"algorithm {cfg.algorithm!r}: expected ppo or es")
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     t0 = time.perf_counter()
@@ -241,6 +256,32 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
     return TrainOutcome(model, episodes, steps, float(np.mean(rewards[:k])) if rewards else 0.0,
                         float(np.mean(rewards[-k:])) if rewards else 0.0,
                         time.perf_counter() - t0)
+
+
+def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
+              progress: Callable[[float, str], None] | None) -> TrainOutcome:
+    """broker/sim/es.py on `model`; `cfg.episodes` (when given) fixes the iterations: one
+    iteration runs 2 x es_pairs episodes."""
+    from broker.sim.es import train_es
+
+    iterations = None if cfg.episodes is None else max(1, cfg.episodes // (2 * cfg.es_pairs))
+    with _pool(cfg.jobs) as pool:
+
+        def pool_map(fn: Callable[[Any], Any], tasks: list[Any]) -> list[Any]:
+            return list(pool.map(fn, tasks)) if pool is not None else [fn(t) for t in tasks]
+
+        out = train_es(model, weights=cfg.weights, seed=cfg.seed, budget_s=budget_s,
+                       iterations=iterations, pairs=cfg.es_pairs, sigma=cfg.es_sigma, lr=cfg.lr,
+                       eval_every=cfg.es_eval_every,
+                       decision_interval_s=cfg.decision_interval_s, scenarios=cfg.scenarios,
+                       data=cfg.data, trace_share=cfg.trace_share, extra_share=cfg.extra_share,
+                       pool_map=pool_map, progress=progress)
+    model.load_state_dict(out.state)
+    model.eval()
+    scores = [float(h["held_out_score"]) for h in out.history  # type: ignore[arg-type]
+              if isinstance(h.get("held_out_score"), int | float)]
+    return TrainOutcome(model, out.episodes, 0, scores[0] if scores else 0.0,
+                        out.best_held_out, out.seconds, out.iterations, out.history)
 
 
 @contextlib.contextmanager
@@ -373,7 +414,9 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         "seed": cfg.seed, "episodes": res.episodes, "steps": res.steps, "lr": cfg.lr,
         "started_from_trial": cfg.tune_trials > 0 and best is not None,
         "continued_from": before,
-        "weights": weights.__dict__, "algorithm": "PPO+GAE",
+        "weights": weights.__dict__,
+        "algorithm": "PPO+GAE" if cfg.algorithm == "ppo" else
+        "ES (antithetic pairs, whole episodes, actor heads' last layers)",
         "train_seconds": round(res.seconds, 1), "tune_trials": trials,
         "relative_reward": cfg.relative_reward, "jobs": cfg.jobs,
         "episodes_per_update": cfg.episodes_per_update,
@@ -381,6 +424,9 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         "actions": {a.name: [a.low, a.high] for a in ACTIONS},
         "trace_share": cfg.trace_share if cfg.data is not None else 0.0,
     }
+    if cfg.algorithm == "es":
+        meta.update({"es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
+                     "es_iterations": res.iterations, "es_held_out": res.history})
     out.parent.mkdir(parents=True, exist_ok=True)
     res.model.save(out, meta=meta)
     return {**meta, "checkpoint": str(out), "bytes": out.stat().st_size,

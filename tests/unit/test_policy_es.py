@@ -1,0 +1,97 @@
+"""The ES trainer (broker/sim/es.py): its episode score, its parameter slices and its step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from broker.placement.policy import ActorCritic
+from broker.sim.es import (
+    PairTask,
+    es_keys,
+    get_vector,
+    pair_scores,
+    train_es,
+    with_vector,
+)
+from broker.sim.rollout import RewardWeights
+
+W = RewardWeights()
+
+
+def _m(cost: float, slo: float = 0.0, queue: float = 0.0, gpu: float | None = None
+       ) -> dict[str, object]:
+    return {"cost_usd": cost, "slo_violation_frac": slo, "cross_zone_traffic_frac": 0.0,
+            "queued_replica_h": queue, "gpu_job_start_s_p50": gpu}
+
+
+def test_the_cheaper_run_of_a_pair_scores_higher_by_its_percent() -> None:
+    s = pair_scores([_m(99.0), _m(101.0)], W)
+    assert s[0] > 0 > s[1]
+    assert abs(s[0] - 1.0) < 1e-9  # 1 % below the pair's mean cost = 1 point
+
+
+def test_slo_violations_and_queueing_cost_points() -> None:
+    worse_slo = pair_scores([_m(100.0, slo=0.01), _m(100.0)], W)
+    assert worse_slo[0] < worse_slo[1]
+    more_queue = pair_scores([_m(100.0, queue=2.0), _m(100.0, queue=0.0)], W)
+    assert more_queue[0] < more_queue[1]
+    no_gpu_jobs = pair_scores([_m(100.0, gpu=None), _m(100.0, gpu=None)], W)
+    assert no_gpu_jobs == [0.0, 0.0]
+
+
+def test_the_vector_round_trips_through_the_heads_last_layers() -> None:
+    torch.manual_seed(0)
+    model = ActorCritic()
+    keys = es_keys(model)
+    assert keys
+    assert all(k.split(".")[0] in ("node_head", "global_head", "pool_head")
+                        for k in keys)
+    theta = get_vector(model, keys)
+    moved = with_vector(model.state_dict(), keys, theta + 1.0)
+    other = ActorCritic()
+    other.load_state_dict(moved)
+    assert np.allclose(get_vector(other, keys), theta + 1.0)
+    untouched = [k for k in model.state_dict() if k not in keys]
+    assert all(torch.equal(moved[k], model.state_dict()[k]) for k in untouched)
+
+
+def _quadratic_world(target: np.ndarray) -> Callable[..., list[tuple[dict[str, object],
+                                                                      dict[str, object]]]]:
+    """A pool_map whose episodes cost |theta - target|^2 + 100: the twin stand-in."""
+
+    def cost(theta: np.ndarray) -> float:
+        return float(((theta - target) ** 2).sum()) + 100.0
+
+    def pool_map(_fn: object, tasks: list[PairTask]
+                 ) -> list[tuple[dict[str, object], dict[str, object]]]:
+        out = []
+        for t in tasks:
+            if t.eps is None:
+                out.append((_m(cost(t.theta) + 1.0), _m(cost(t.theta))))
+            else:
+                out.append((_m(cost(t.theta + t.sigma * t.eps)),
+                            _m(cost(t.theta - t.sigma * t.eps))))
+        return out
+
+    return pool_map
+
+
+def test_es_steps_towards_cheaper_episodes() -> None:
+    torch.manual_seed(0)
+    model = ActorCritic()
+    keys = es_keys(model)
+    start = get_vector(model, keys)
+    target = start + 0.5
+    out = train_es(model, weights=W, seed=1, budget_s=1e9, iterations=30, pairs=8,
+                   sigma=0.1, lr=0.05, eval_every=10, decision_interval_s=300.0,
+                   scenarios=(), data=None, trace_share=0.0, extra_share=0.0,
+                   pool_map=_quadratic_world(target))
+    trained = ActorCritic()
+    trained.load_state_dict(out.state)
+    after = get_vector(trained, keys)
+    assert np.linalg.norm(after - target) < 0.8 * np.linalg.norm(start - target)
+    assert out.iterations == 30
+    assert len(out.history) == 4
