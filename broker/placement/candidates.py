@@ -106,6 +106,9 @@ DEFAULT_BILLING_MIN_S = 60.0
 # Seconds from ordering a node to its being Ready (and paid all along): the twin's default
 # `provision_delay_s` (docs/twin.md); PlannerConfig.node_boot_s.
 NODE_BOOT_S = 120.0
+# The resources of a node, in the order of every O x 3 array here, as the LP's capacity rows
+# name them (lp_rows.py).
+RESOURCES = ("cpu", "memory", "gpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,9 @@ class OptionTable:
     # Ledger's per-replica paths read (ledger.py). Shared by every Ledger: never changed.
     node_rows: Sequence[Sequence[float]] = ()
     free_rows: Sequence[Sequence[float]] = ()
+    # Per option, the LP's capacity-row names ("capacity", "cluster/pool:resource") for
+    # cpu, memory_gib and gpu (lp_rows.capacity_rows), made once per Cluster value.
+    capacity_names: Sequence[tuple[tuple[str, str], ...]] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -187,6 +193,7 @@ class _ClusterBlock:
     models: list[str]
     quota: tuple[float | None, float | None]
     keys: list[tuple[str, str]]  # (cluster, pool) names
+    names: list[tuple[tuple[str, str], ...]]  # capacity-row names per pool
     start: int = -1
     options: tuple[Option, ...] = ()
 
@@ -212,7 +219,9 @@ def _cluster_block(c: Cluster) -> _ClusterBlock:
              None if q_gpu is None else max(0.0, q_gpu - have_gpu))
     return _ClusterBlock(c, np.array(rows, dtype=np.float64).reshape(-1, 16),
                          [(p.gpu_model or "").lower() for p in c.pools], quota,
-                         [(c.name, p.name) for p in c.pools])
+                         [(c.name, p.name) for p in c.pools],
+                         [tuple(("capacity", f"{c.name}/{p.name}:{r}") for r in RESOURCES)
+                          for p in c.pools])
 
 
 def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
@@ -232,6 +241,7 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
     rows: list[FloatArray] = []
     models: list[str] = []
     keys: list[tuple[str, str]] = []
+    cap_names: list[tuple[tuple[str, str], ...]] = []
     col: list[int] = []
     names: list[str] = []
     quota: dict[str, tuple[float | None, float | None]] = {}
@@ -255,6 +265,7 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
         rows.append(blk.rows)
         models.extend(blk.models)
         keys.extend(blk.keys)
+        cap_names.extend(blk.names)
         n = len(blk.options)
         col.extend([ci] * n)
         names.extend([c.name] * n)
@@ -285,7 +296,8 @@ def options_and_table(snapshot: FederationSnapshot, memo: PlanMemo | None = None
     out = (tuple(options), OptionTable(
         quota=MappingProxyType(quota), cluster_of=tuple(names), clusters=tuple(with_pools),
         gpu_model=tuple(models), cluster_options=MappingProxyType(by_cluster),
-        option_of=MappingProxyType(option_of), node_rows=arrays["node"].tolist(),
+        option_of=MappingProxyType(option_of), capacity_names=cap_names,
+        node_rows=arrays["node"].tolist(),
         free_rows=np.maximum(arrays["free"], 0.0).tolist(), **arrays))
     if memo is not None:
         memo.option_table = (clusters, out)

@@ -11,15 +11,14 @@ each function here is one inequality family of that docstring, with its index se
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import numpy as np
 
-from broker.placement.candidates import CandidateSet, FloatArray, IntArray
+from broker.placement.candidates import RESOURCES, CandidateSet, FloatArray, IntArray
 from broker.placement.feasibility import gpu_class
 from broker.placement.ledger import conflicts
-
-RESOURCES = ("cpu", "memory", "gpu")
 
 
 class Rows:
@@ -106,10 +105,14 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
     out.update(zip(zip(opt_list, res_list, strict=True), row_of[kk, rr].tolist(), strict=True))
     rows.lo.extend([-math.inf] * kk.size)
     rows.hi.extend((hv[rr] * np.maximum(0.0, cs.table.free[opt_k, rr])).tolist())
-    options = cs.options
-    prefix = {o: f"{options[o].cluster.name}/{options[o].pool.name}:" for o in set(opt_list)}
-    rows.names.extend(("capacity", prefix[o] + RESOURCES[r])
-                      for o, r in zip(opt_list, res_list, strict=True))
+    names = cs.table.capacity_names
+    if len(names) == len(cs.options):  # made once per Cluster value (candidates.py)
+        rows.names.extend(map(operator.getitem, map(names.__getitem__, opt_list), res_list))
+    else:
+        options = cs.options
+        prefix = {o: f"{options[o].cluster.name}/{options[o].pool.name}:" for o in set(opt_list)}
+        rows.names.extend(("capacity", prefix[o] + RESOURCES[r])
+                          for o, r in zip(opt_list, res_list, strict=True))
     k_of = np.full(len(cs.options), -1, dtype=np.int64)
     k_of[used] = np.arange(used.size, dtype=np.int64)
     cols = np.flatnonzero(k_of[x_o] >= 0)  # x columns on a used option

@@ -338,10 +338,12 @@ def target_miss(pairs: list[tuple[dict[str, object], dict[str, object]]],
     return miss / max(1, len(pairs))
 
 
-def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float
+def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float,
+                 start: ActorCritic | None = None
                  ) -> tuple[RewardWeights, list[dict[str, object]], ActorCritic | None]:
     """optuna TPE over the reward weights (log-uniform 0.05..5), scored by target_miss.
 
+    Every trial starts from `start` (the checkpoint training continues, when given).
     Returns the best weights, every trial (number, weights, target miss, episodes) for the
     checkpoint's metadata, and the best trial's model (training continues from it, so the
     trials' episodes are not thrown away)."""
@@ -357,7 +359,7 @@ def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float
                     if cfg.episodes is not None else None)
         out = train_model(catalog, replace(cfg, weights=w, episodes=episodes,
                                            seed=cfg.seed + 1000 * (trial.number + 1)),
-                          budget_s=per_trial * 0.7)
+                          budget_s=per_trial * 0.7, start=start)
         models[trial.number] = out.model
         trial.set_user_attr("episodes", out.episodes)
         held_out = [cfg.seed + k for k in range(len(KINDS) if cfg.data is not None else 2)]
@@ -400,7 +402,7 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         old = before.get("tune_trials") if before is not None else None
         trials = [t for t in old if isinstance(t, dict)] if isinstance(old, list) else []
     if cfg.tune_trials > 0:
-        weights, trials, best = tune_weights(catalog, cfg, budget * 0.5)
+        weights, trials, best = tune_weights(catalog, cfg, budget * 0.5, best)
         budget *= 0.5
     with Progress(transient=True) as bar:
         task = bar.add_task("training", total=1.0)
