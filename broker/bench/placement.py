@@ -60,6 +60,15 @@ from providers.base import Offer
 from providers.catalog import Catalog
 
 POOLS_PER_CLUSTER = 10
+# Where proven_bound is the LP bound alone (above --proven-max-workloads), the reference
+# seeds its columns from a sample of 1/REFERENCE_SAMPLE_DIV of the batch, REFERENCE_SEED_COLUMNS
+# options per workload (pricing.seed), instead of the default path's 250 x 4. At 20000x2000
+# (seed 1) pricing from the default path's columns added ~60,000-70,000 columns a round,
+# each round dearer (30-100 s CPU), the LP 867,018 -> 853,943 after 7 rounds and 400 s CPU,
+# and did not converge in 600 s; from a 2,500-workload sample with 8 columns each the first
+# LP is 848,800 and pricing converges (847,899.88) in 11 rounds, ~535 s CPU in all.
+REFERENCE_SAMPLE_DIV = 8
+REFERENCE_SEED_COLUMNS = 8
 
 
 def _pick_offers(catalog: Catalog, provider: str, region: str,
@@ -187,7 +196,8 @@ class Reference:
 
 
 def reference_bound(snap: FederationSnapshot, action: PolicyAction, config: PlannerConfig, *,
-                    mip_s: float, pricing_s: float = math.inf) -> Reference:
+                    mip_s: float, pricing_s: float = math.inf, seed_sample: int | None = None,
+                    seed_columns: int | None = None) -> Reference:
     """`proven_bound`: the LP of the unpruned program, then (mip_s > 0) the dual bound of a MIP
     over the columns pricing left in the model, run for mip_s seconds from scratch.
 
@@ -197,21 +207,27 @@ def reference_bound(snap: FederationSnapshot, action: PolicyAction, config: Plan
     from (seeded on large batches, plus greedy's: pricing.seed), which only changes how
     fast it converges (5000x500: 15 s instead of 57 s CPU), not the LP bound. If it has
     not converged after `pricing_s` seconds, the bound is Lasdon's Lagrangian bound of
-    the last restricted LP (valid, weaker; `pricing_converged` False).
+    the last restricted LP (valid, weaker; `pricing_converged` False). `seed_sample` and
+    `seed_columns` (default: the config's) size that seeding; like the starting columns
+    themselves they change how fast pricing converges, not the converged LP bound.
     """
     # The model plan_epoch solves: its batch (SLO sizing included), packing, reservations.
     snap, queued, _ = solved_batch(snap, config, policy="lp")
     cs = candidates(snap, action, config, queued=queued)
     pen = penalties(cs, config.unplaced_penalty_usd)
     budgets = tenant_budgets(snap)
-    cs = pricing.seed(cs, pen, budgets, sample=config.seed_sample,
-                      per_workload=config.seed_columns, rounds=config.seed_rounds,
-                      min_gain=0.0, budget_s=math.inf, lp_time_limit_s=1e5)
+    cs = pricing.seed(cs, pen, budgets,
+                      sample=config.seed_sample if seed_sample is None else seed_sample,
+                      per_workload=config.seed_columns if seed_columns is None else seed_columns,
+                      rounds=config.seed_rounds, min_gain=0.0, budget_s=math.inf,
+                      lp_time_limit_s=1e5)
     if config.greedy_incumbent:
         cs = pricing.with_ledger_columns(cs, greedy(cs, snap))
     model = lp.build(cs, pen, budgets)
+    # No stop on gain (-inf): a degenerate round (the LP value unchanged while columns still
+    # price out) must not end pricing short of convergence.
     priced = pricing.generate(cs, pen, budgets, model, rounds=500,
-                              per_workload=config.pricing_columns, min_gain=0.0,
+                              per_workload=config.pricing_columns, min_gain=-math.inf,
                               budget_s=pricing_s, lp_time_limit_s=1e5)
     lp_full = priced.relax.objective if priced.converged else \
         lp.lagrangian_bound(priced.cs, priced.model, priced.relax)
@@ -268,7 +284,12 @@ def run_size(catalog: Catalog, size: str, *, repeats: int, seed: int,
     mip_s = proven_mip_s if n_w <= proven_max_workloads else 0.0
     say(f"{size}: reference bound (pricing to convergence"
         + (f", then a {mip_s:g} s MIP)" if mip_s > 0 else ", LP bound)"))
-    ref = reference_bound(snap, action, config, mip_s=mip_s, pricing_s=proven_pricing_s)
+    # The LP bound alone (large batches): seeded from a larger sample, so that pricing
+    # converges (REFERENCE_SAMPLE_DIV); with a MIP, from the default path's columns as before.
+    ref = reference_bound(
+        snap, action, config, mip_s=mip_s, pricing_s=proven_pricing_s,
+        seed_sample=None if mip_s > 0 else max(config.seed_sample, n_w // REFERENCE_SAMPLE_DIV),
+        seed_columns=None if mip_s > 0 else max(config.seed_columns, REFERENCE_SEED_COLUMNS))
     say(f"{size}: greedy and traditional")
     g = plan_epoch(snap, action, config, policy="greedy")
     t = plan_epoch(snap, action, config, policy="traditional")

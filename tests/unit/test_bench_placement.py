@@ -85,3 +85,26 @@ def test_the_reference_solves_the_batch_plan_epoch_solves() -> None:
     assert ref.pricing_converged
     assert plan.stats.lp_bound is not None
     assert ref.lp_bound_full == pytest.approx(plan.stats.lp_bound, rel=1e-9)
+
+
+def test_the_reference_seeding_changes_where_pricing_starts_not_the_bound(
+        catalog: Catalog) -> None:
+    """Where proven_bound is the LP alone, the reference seeds from a larger sample
+    (REFERENCE_SAMPLE_DIV): another start for pricing (cut at once, the two Lagrangian bounds
+    differ), the same converged LP bound."""
+    from broker.bench.placement import reference_bound
+    from broker.domain import PolicyAction
+
+    snap = generate(catalog, 400, 60, seed=2)
+    config = PlannerConfig()
+    plain = reference_bound(snap, PolicyAction(), config, mip_s=0.0)  # 400 < 8 x 250: unseeded
+    seeded = reference_bound(snap, PolicyAction(), config, mip_s=0.0, seed_sample=50,
+                             seed_columns=8)
+    assert plain.pricing_converged
+    assert seeded.pricing_converged
+    assert seeded.lp_bound_full == pytest.approx(plain.lp_bound_full, rel=1e-7)
+    cut_plain = reference_bound(snap, PolicyAction(), config, mip_s=0.0, pricing_s=0.0)
+    cut_seeded = reference_bound(snap, PolicyAction(), config, mip_s=0.0, pricing_s=0.0,
+                                 seed_sample=50, seed_columns=8)
+    assert cut_seeded.lp_bound_full != pytest.approx(cut_plain.lp_bound_full, rel=1e-6)
+    assert max(cut_plain.lp_bound_full, cut_seeded.lp_bound_full) <= plain.lp_bound_full + 1e-6
