@@ -116,3 +116,86 @@ def test_large_models_get_a_neighbourhood_whose_bound_is_not_claimed() -> None:
     assert st.gap is not None
     assert st.gap > 0.05
     assert len(plan.unplaced) == 1
+
+
+GPU_ONE = Resources(cpu=8, memory_gib=64, gpu=1)
+
+
+def _quota_coupled() -> tuple[lp.Model, np.ndarray, np.ndarray, Ledger]:
+    """Cluster q's vCPU quota holds one GPU node: job "a" (model A) opened it, so job "b"
+    (model B, dearer to leave out) is unplaced, though "a" could run in cluster r instead.
+    As columns (every feasible option a column) and as a ledger."""
+    clusters = (
+        Cluster(name="q", provider="aws", region="us-east-1", lat=38.9, lon=-77.4,
+                quota_vcpu=12,
+                pools=(pool("pa", price=1.0, nodes=0, max_nodes=1, node=GPU_ONE, gpu_model="A"),
+                       pool("pb", price=1.0, nodes=0, max_nodes=1, node=GPU_ONE,
+                            gpu_model="B"))),
+        Cluster(name="r", provider="gcp", region="europe-west4", lat=53.4, lon=6.8,
+                pools=(pool("pa2", price=3.0, nodes=0, max_nodes=1, node=GPU_ONE,
+                            gpu_model="A"),)),
+    )
+    jobs = (workload("a", kind=WorkloadKind.TRAIN, cpu=4, mem=16, gpu=1, gpu_model="A",
+                     duration_s=3600.0),
+            workload("b", kind=WorkloadKind.TRAIN, cpu=4, mem=16, gpu=1, gpu_model="B",
+                     duration_s=3600.0, priority=2))
+    snap = snapshot(jobs, clusters=clusters)
+    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
+    pen = penalties(cs, 1000.0)
+    model = lp.build(cs, pen, {})
+    start = Ledger(cs, snap)
+    start.add(0, 0, 1)  # "a" on pa, in the quota "b" needs
+    return model, pen, rounding.to_columns(start, model), start
+
+
+def test_the_gpu_family_frees_jobs_that_share_a_quota_with_the_unplaced() -> None:
+    """Decomposition by pool family (batches of FAMILY_MIN_BATCH x seed_sample): "a" is not
+    on any of "b"'s options, so the neighbourhood of the unplaced keeps it where it is and
+    "b" stays out; the GPU family frees both, and its MIP moves "a" to r and places "b"."""
+    from broker.placement.planner import _family, _neighbourhood
+
+    model, pen, start, ledger = _quota_coupled()
+    cs = ledger.cs
+    assert start[model.u_start + 1] == pytest.approx(1.0)  # "b" unplaced
+    assert _neighbourhood(model, start).tolist() == [1]
+    assert _family(cs, model, start).tolist() == [0, 1]
+    near = lp.solve_mip(lp.fix_outside(model, start, _neighbourhood(model, start)), start,
+                        time_limit_s=10.0, mip_gap=0.0, substitute_fixed=True)
+    fam = lp.solve_mip(lp.fix_outside(model, start, _family(cs, model, start)), start,
+                       time_limit_s=10.0, mip_gap=0.0, substitute_fixed=True)
+    assert near.x is not None
+    assert near.x[model.u_start + 1] == pytest.approx(1.0)
+    assert fam.x is not None
+    assert fam.objective is not None
+    assert fam.x[model.u_start:model.n_start] == pytest.approx([0.0, 0.0])
+    assert fam.objective < ledger.objective(pen) - 1000  # b's penalty is gone
+    on = {cs.options[int(model.x_o[c])].pool.name: int(model.x_w[c])
+          for c in range(model.n_x) if fam.x[c] > 0.5}
+    assert on == {"pa2": 0, "pb": 1}
+
+
+def test_gpu_jobs_get_every_feasible_option_as_a_column() -> None:
+    """pricing.with_gpu_columns (the GPU family's columns): the GPU job gets all three GPU
+    pools of its model, cheapest first; the CPU service keeps its k = 1."""
+    from broker.placement import pricing
+
+    clusters = (
+        Cluster(name="q", provider="aws", region="us-east-1", lat=38.9, lon=-77.4,
+                pools=(pool("cpu", price=0.2, nodes=1, max_nodes=4),
+                       pool("g1", price=2.0, nodes=0, max_nodes=1, node=GPU_ONE, gpu_model="A"),
+                       pool("g2", price=1.0, nodes=0, max_nodes=1, node=GPU_ONE, gpu_model="A"),
+                       pool("gb", price=1.0, nodes=0, max_nodes=1, node=GPU_ONE,
+                            gpu_model="B"))),
+        Cluster(name="r", provider="gcp", region="europe-west4", lat=53.4, lon=6.8,
+                pools=(pool("g3", price=3.0, nodes=0, max_nodes=1, node=GPU_ONE,
+                            gpu_model="A"),)),
+    )
+    snap = snapshot((workload("svc", cpu=1, mem=2),
+                     workload("job", kind=WorkloadKind.TRAIN, cpu=4, mem=16, gpu=1,
+                              gpu_model="A", duration_s=3600.0)), clusters=clusters)
+    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=1, service_horizon_h=1.0)
+    assert [c.size for c in cs.cand] == [1, 1]
+    wide = pricing.with_gpu_columns(cs)
+    names = [wide.options[int(o)].pool.name for o in wide.cand[1]]
+    assert names == ["g2", "g1", "g3"]
+    assert wide.cand[0].tolist() == cs.cand[0].tolist()
