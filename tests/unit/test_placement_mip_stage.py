@@ -199,3 +199,34 @@ def test_gpu_jobs_get_every_feasible_option_as_a_column() -> None:
     names = [wide.options[int(o)].pool.name for o in wide.cand[1]]
     assert names == ["g2", "g1", "g3"]
     assert wide.cand[0].tolist() == cs.cand[0].tolist()
+
+
+def test_the_gpu_family_rounded_first_keeps_its_room_from_cpu_floors() -> None:
+    """rounding.family_first: the LP splits GPU job "j" (x = 0.6 on the GPU node), so its floor
+    is 0, while service "s" has floor 1 there. Floors first, "s" takes 40 of the node's 64 GiB
+    and "j" (32 GiB, no other pool) stays out; GPU family first, "j" takes the node and "s"
+    goes to the CPU pool."""
+    clusters = (Cluster(name="q", provider="aws", region="us-east-1", lat=38.9, lon=-77.4,
+                        pools=(pool("g", price=1.0, nodes=1, max_nodes=1, node=GPU_ONE,
+                                    gpu_model="A"),
+                               pool("c", price=0.5, nodes=1, max_nodes=1,
+                                    node=Resources(cpu=8, memory_gib=64)))),)
+    snap = snapshot((workload("j", kind=WorkloadKind.TRAIN, cpu=4, mem=32, gpu=1, gpu_model="A",
+                              duration_s=3600.0),
+                     workload("s", cpu=4, mem=40)), clusters=clusters)
+    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
+    pen = penalties(cs, 1000.0)
+    model = lp.build(cs, pen, {})
+    col = {(int(w), cs.options[int(o)].pool.name): c
+           for c, (w, o) in enumerate(zip(model.x_w, model.x_o, strict=True))}
+    x = np.zeros(model.cost.size)
+    x[col[(0, "g")]] = 0.6
+    x[col[(1, "g")]] = 1.0
+    floors = Ledger(cs, snap)
+    rounding.load_integer(floors, model, x, floor=True, pen=pen)
+    rounding.repair(floors, model, x, pen)
+    assert floors.x == [{}, {0: 1}]
+    first = Ledger(cs, snap)
+    rounding.family_first(first, model, x, pen, cs.demand[:, 2] > 0)
+    assert first.x == [{0: 1}, {1: 1}]
+    assert first.objective(pen) < floors.objective(pen) - 900
