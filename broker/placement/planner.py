@@ -423,7 +423,8 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
             budget_s=math.inf if config.deterministic
             else config.pricing_time_frac * config.time_limit_s,
             lp_time_limit_s=max(config.lp_time_limit_s, config.safety_time_limit_s)
-            if config.deterministic else config.lp_time_limit_s)
+            if config.deterministic else config.lp_time_limit_s,
+            resolve_dual=_seeded_batch(cs, config))
     except lp.SolverError:
         # Never leave an epoch without a plan: fall back to the greedy incumbent.
         fallback = g if g is not None else greedy(cs, snapshot)
@@ -470,6 +471,14 @@ class _MipOutcome:
     ledger: Ledger | None
     objective: float
     source: str
+
+
+def _seeded_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
+    """Whether the batch is large enough to be seeded (pricing.seeds): 2,000 workloads and
+    more by default; the live loop's and the twin's batches are smaller. Such batches are
+    rounded GPU family first (no guided greedy) and re-priced with dual simplex."""
+    return pricing.seeds(len(cs.workloads), sample=config.seed_sample,
+                         per_workload=config.seed_columns)
 
 
 def _family_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
@@ -571,8 +580,8 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     """Integer solutions from the relaxation; the cheapest wins, then local moves.
 
     - "rounded": floor of the LP, most valuable workloads first, then repair;
-    - "gpu-first": the same for the GPU family first, then for the rest (batches decomposed
-      by pool family: rounding.family_first);
+    - "gpu-first": the same for the GPU family first, then for the rest (seeded batches:
+      rounding.family_first);
     - "guided": LP-guided greedy (most valuable, least flexible first), on batches too small
       to be seeded (pricing.seeds);
     - "greedy": the greedy incumbent (so the LP is never worse than greedy);
@@ -585,12 +594,11 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     rounding.load_integer(floor, model, relax.x, floor=True, pen=pen)
     rounding.repair(floor, model, relax.x, pen)
     tries.append((floor, "rounded"))
-    if _family_batch(cs, config):
+    if _seeded_batch(cs, config):
         gpu_first = Ledger(cs, snapshot)
         rounding.family_first(gpu_first, model, relax.x, pen, cs.demand[:, 2] > 0)
         tries.append((gpu_first, "gpu-first"))
-    if not pricing.seeds(len(cs.workloads), sample=config.seed_sample,
-                         per_workload=config.seed_columns):
+    else:
         # On seeded batches the guided greedy never won: 23-33 % above the floor rounding
         # (5000x500 seeds 1-3, 2000x300, 20000x2000), for 0.15 s CPU at 5000x500, 1.2 s at
         # 20000x2000.

@@ -117,21 +117,25 @@ def _columns(cs: CandidateSet, model: lp.Model, pairs: list[tuple[int, int]]
 
 def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model: lp.Model,
              *, rounds: int, per_workload: int, min_gain: float, budget_s: float,
-             lp_time_limit_s: float) -> Priced:
+             lp_time_limit_s: float, resolve_dual: bool = False) -> Priced:
     """Solve the LP of `model` (built from `cs`) with column generation.
 
     The first solve starts from scratch: seeding it with the greedy solution
     (`setSolution`) took more dual simplex iterations, not fewer, with the packing
     model (5000x500: 14,838 vs 10,690 iterations, 6.2 vs 2.5 s CPU; 1000x200:
-    3,076 vs 2,184).
+    3,076 vs 2,184). Re-solves after a round use primal simplex, or with `resolve_dual`
+    (the planner's seeded batches) dual simplex: there a round adds ~16,000 columns
+    (5000x500) and dual simplex re-solved it ~0.9 s faster (seeds 1-3), 20000x2000 7.7 s
+    instead of ~31 s CPU. It ends on another vertex of the same LP optimum.
     """
     t0 = time.perf_counter()
     h: Any = lp.new_highs(model, time_limit_s=lp_time_limit_s)
     relax = lp.run_relaxation(h, model, t0)
     # Added columns start non-basic at 0: the basis stays primal feasible, so
     # primal simplex re-solves in a few iterations (dual simplex, the default
-    # for the first solve, takes 3-10x longer here).
-    h.setOptionValue("simplex_strategy", 4)
+    # for the first solve, takes 3-10x longer on small batches).
+    if not resolve_dual:
+        h.setOptionValue("simplex_strategy", 4)
     x_w, x_o = list(model.x_w.tolist()), list(model.x_o.tolist())
     in_model = set(zip(x_w, x_o, strict=True))
     done = 0

@@ -288,6 +288,16 @@ def test_column_generation_recovers_the_unpruned_lp_bound() -> None:
     residual = priced.model.a @ priced.relax.x
     assert (residual <= priced.model.row_hi + 1e-6).all()
     assert (residual >= priced.model.row_lo - 1e-6).all()
+    # Re-solved with dual simplex (seeded batches): the same LP, priced to the same bound,
+    # its solution a feasible one of the grown model.
+    dual = pricing.generate(cs, pen, {}, model, rounds=10, per_workload=4, min_gain=0.0,
+                            budget_s=60.0, lp_time_limit_s=60.0, resolve_dual=True)
+    assert dual.converged
+    assert dual.rounds >= 1
+    assert dual.relax.objective == pytest.approx(priced.relax.objective, rel=1e-9)
+    residual = dual.model.a @ dual.relax.x
+    assert (residual <= dual.model.row_hi + 1e-6).all()
+    assert (residual >= dual.model.row_lo - 1e-6).all()
 
 
 def _blocked() -> tuple[Ledger, np.ndarray]:
