@@ -68,7 +68,8 @@ Solving strategy
 ----------------
 0. On large batches (pricing.seed), the columns C(w) come from the row duals of a sample
    of the batch (its capacities scaled to its share, priced to convergence): the
-   per_workload options cheapest at those prices, instead of the k cheapest by cost.
+   per_workload options cheapest at those prices, instead of the k cheapest by cost; on the
+   largest (decomposed by pool family, planner.py), every GPU job all its feasible options.
 1. LP relaxation with HiGHS (simplex; row duals = shadow prices for explain.py).
 2. Column generation (pricing.py): options pruned away by top-k whose reduced
    cost c - A'y is negative are added and the LP re-solved warm, until none
@@ -76,7 +77,8 @@ Solving strategy
    budget ends (then `lagrangian_bound` is the valid bound).
 3. Two roundings (rounding.py) through the integer `Ledger` (which recomputes n and
    respects every coupling constraint): the floor of x loaded most valuable
-   workload first, then repaired; and an LP-guided greedy. The greedy
+   workload first, then repaired; and an LP-guided greedy (on seeded batches instead the
+   floor rounding with the GPU family first, rounding.family_first). The greedy
    incumbent is the third candidate; the cheapest wins. Then local moves on it:
    ejections for unplaced replicas (`rounding.improve`) and node closing
    (`rounding.close_nodes`: re-pack the workloads of a pool with new nodes into
@@ -85,7 +87,8 @@ Solving strategy
 4. gap = (best - bound) / |bound|. Only when it exceeds the target, a
    time-boxed MIP (HiGHS branch-and-cut, warm-started from the best
    rounding): the whole program when it is small (its dual bound tightens
-   `bound`), else a neighbourhood of the rounding (`fix_outside`: every
+   `bound`), else a neighbourhood of the rounding (the unplaced and their neighbours, or
+   on batches decomposed by pool family the whole GPU family; `fix_outside`: every
    workload outside it keeps its rounded x and u; HiGHS gets only the free
    columns, the fixed ones folded into the row bounds as
    row_lo - A_fix x_fix <= A_free x_free <= row_hi - A_fix x_fix); its

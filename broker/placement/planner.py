@@ -33,7 +33,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from broker.domain import FederationSnapshot, Placement, PolicyAction, Workload
-from broker.placement import consolidate, decisions, explain, lp, migrate, pricing, rounding
+from broker.placement import (
+    consolidate,
+    decisions,
+    explain,
+    lp,
+    migrate,
+    mip_stage,
+    pricing,
+    rounding,
+)
 from broker.placement.baselines import greedy, karpenter, traditional
 from broker.placement.candidates import (
     NODE_BOOT_S,
@@ -446,8 +455,8 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     if _gap(best_obj, bound) > config.mip_gap:
         family_s = FAMILY_TIME_FRAC * config.time_limit_s - candidates_s \
             - (time.perf_counter() - t0) if family else None
-        mip = _mip_stage(cs, snapshot, model, best, pen, budgets, config, left_s,
-                         family_s=family_s)
+        mip = mip_stage.run(cs, snapshot, model, best, pen, budgets, config, left_s,
+                            family_s=family_s)
         if mip is not None:
             mip_used = True
             if mip.bound is not None:
@@ -464,15 +473,6 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     return best, stats, relax, model
 
 
-@dataclass(frozen=True, slots=True)
-class _MipOutcome:
-    status: str
-    bound: float | None  # a bound of the whole program (None for a neighbourhood)
-    ledger: Ledger | None
-    objective: float
-    source: str
-
-
 def _seeded_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
     """Whether the batch is large enough to be seeded (pricing.seeds): 2,000 workloads and
     more by default; the live loop's and the twin's batches are smaller. Such batches are
@@ -484,94 +484,6 @@ def _seeded_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
 def _family_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
     """Whether the batch is decomposed by pool family (FAMILY_MIN_BATCH)."""
     return 0 < FAMILY_MIN_BATCH * config.seed_sample <= len(cs.workloads)
-
-
-def _mip_stage(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, best: Ledger,
-               pen: np.ndarray, budgets: dict[str, float], config: PlannerConfig,
-               left_s: float, *, family_s: float | None = None) -> _MipOutcome | None:
-    """The whole MIP on small models, else a neighbourhood MIP; None when there is none.
-
-    Both start from `best`, so they only return something cheaper or nothing. Columns the
-    repair used outside the model are added first (else the start would not be feasible).
-    The whole MIP gets what is left of time_limit_s (none left: it does not run); the
-    neighbourhood always gets its own box, so on a loaded machine, where the relaxation
-    alone may take the whole time_limit_s, the epoch still gets its repair. With `family_s`
-    (a batch decomposed by pool family: the seconds left until FAMILY_TIME_FRAC x
-    time_limit_s after plan_epoch began) the
-    neighbourhood is the GPU family (_family) and its box at least that long.
-    Deterministic (PlannerConfig.deterministic): both stop at mip_max_nodes instead, under
-    the safety time limit only.
-    """
-    whole = model.cost.size <= config.mip_max_columns
-    if whole and left_s <= 0.05:
-        return None
-    if _uncovered(best, cs):
-        cs = pricing.with_ledger_columns(cs, best)
-        model = lp.build(cs, pen, budgets)
-    # to_columns reads the ledger's placements, not its candidate set: the same start as from
-    # the ledger replayed onto the grown candidates (~0.1 s CPU at 5000x500).
-    start = rounding.to_columns(best, model)
-    if whole:
-        sub, box = model, left_s
-    else:
-        free_w = _neighbourhood(model, start) if family_s is None else _family(cs, model, start)
-        if free_w.size == 0:
-            return None
-        sub = lp.fix_outside(model, start, free_w)
-        box = config.neighbourhood_time_frac * config.time_limit_s
-        if config.deterministic:
-            box = config.safety_time_limit_s
-        elif family_s is not None:
-            box = max(box, family_s)
-    mip = lp.solve_mip(sub, start, time_limit_s=box, mip_gap=config.mip_gap,
-                       max_nodes=config.mip_max_nodes if config.deterministic else None,
-                       substitute_fixed=not whole)
-    status = mip.status if whole and mip.status in ("time_limit", "work_limit") else "optimal"
-    bound = mip.bound if whole else None
-    start_obj = float(model.cost @ start)
-    if mip.x is None or mip.objective is None or \
-            mip.objective >= start_obj - 1e-9 * max(1.0, abs(start_obj)):
-        # Nothing cheaper than the start it was warm-started from: loading the same
-        # solution into a new ledger would only cost time (~0.03 s CPU at 1000x200).
-        return _MipOutcome(status, bound, None, math.inf, "")
-    cand = Ledger(cs, snapshot)
-    rounding.load_integer(cand, model, mip.x, floor=False)
-    rounding.repair(cand, model, mip.x, pen)
-    return _MipOutcome(status, bound, cand, cand.objective(pen),
-                       "mip" if whole else "neighbourhood-mip" if family_s is None
-                       else "family-mip")
-
-
-def _uncovered(ledger: Ledger, cs: CandidateSet) -> bool:
-    """Whether the ledger placed replicas on options outside the workloads' candidates."""
-    return any(not set(xw) <= set(cand.tolist())
-               for xw, cand in zip(ledger.x, cs.cand, strict=True) if xw)
-
-
-def _family(cs: CandidateSet, model: lp.Model, start: np.ndarray) -> np.ndarray:
-    """The GPU family: every workload that needs GPUs (feasible somewhere), and every
-    workload with unplaced replicas.
-
-    Why the whole family and not the unplaced and their neighbours: GPU jobs of different
-    models meet in a cluster's vCPU quota and in the CPU and memory of GPU nodes, so freeing
-    the unplaced ones alone, or each GPU model's jobs in turn, leaves most of the gain (at
-    20000x2000 seed 1 from 906,743: per model, each solved, 894,857; the family at once
-    883,116). The CPU work stays fixed: freeing the CPU workloads on GPU pools as well
-    (~70,000 free columns) found nothing in 30 s.
-    """
-    gpu = (cs.demand[:, 2] > 0) & cs.feasible.any(axis=1)
-    unplaced = start[model.u_start:model.n_start] > 0.5
-    out: np.ndarray = np.flatnonzero(gpu | unplaced)
-    return out
-
-
-def _neighbourhood(model: lp.Model, start: np.ndarray) -> np.ndarray:
-    """Workloads with unplaced replicas, and those placed on any of their candidate options."""
-    unplaced = np.flatnonzero(start[model.u_start:model.n_start] > 0.5)
-    opts = np.unique(model.x_o[np.isin(model.x_w, unplaced)])
-    there = np.isin(model.x_o, opts) & (start[:model.n_x] > 0.5)
-    out: np.ndarray = np.union1d(unplaced, model.x_w[there])
-    return out
 
 
 def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
@@ -608,7 +520,7 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     if g is not None:
         tries.append((g, "greedy"))
     best, source = min(tries, key=lambda t: t[0].objective(pen))
-    # Models the whole MIP takes (planner._mip_stage) get their packing from it; the moves
+    # Models the whole MIP takes (mip_stage.run) get their packing from it; the moves
     # stand in for it where only a neighbourhood MIP runs.
     pack = model.cost.size > config.mip_max_columns
     if config.deterministic:

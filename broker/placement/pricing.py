@@ -286,7 +286,7 @@ def with_gpu_columns(cs: CandidateSet) -> CandidateSet:
     its objective), and a GPU job is feasible only on the few pools of its GPU model (21
     options on average there, 44,000 pairs in all), so it gets all of them instead of the
     seed's 4. The LP went from 867,018.92 to 861,238.10 (its penalties to the unpruned
-    LP's) for ~36,000 more columns, and the family's MIP (planner._mip_stage) can then move
+    LP's) for ~36,000 more columns, and the family's MIP (mip_stage.run) can then move
     a job to any pool of its model.
     """
     gpu = np.flatnonzero(cs.demand[:, 2] > 0)

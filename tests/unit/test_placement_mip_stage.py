@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from broker.domain import Cluster, FederationSnapshot, PolicyAction, Resources, WorkloadKind
-from broker.placement import lp, rounding
+from broker.placement import lp, mip_stage, rounding
 from broker.placement.candidates import build_candidates
 from broker.placement.ledger import Ledger, penalties
 from broker.placement.planner import PlannerConfig, plan_epoch
@@ -152,16 +152,14 @@ def test_the_gpu_family_frees_jobs_that_share_a_quota_with_the_unplaced() -> Non
     """Decomposition by pool family (batches of FAMILY_MIN_BATCH x seed_sample): "a" is not
     on any of "b"'s options, so the neighbourhood of the unplaced keeps it where it is and
     "b" stays out; the GPU family frees both, and its MIP moves "a" to r and places "b"."""
-    from broker.placement.planner import _family, _neighbourhood
-
     model, pen, start, ledger = _quota_coupled()
     cs = ledger.cs
     assert start[model.u_start + 1] == pytest.approx(1.0)  # "b" unplaced
-    assert _neighbourhood(model, start).tolist() == [1]
-    assert _family(cs, model, start).tolist() == [0, 1]
-    near = lp.solve_mip(lp.fix_outside(model, start, _neighbourhood(model, start)), start,
+    assert mip_stage.neighbourhood(model, start).tolist() == [1]
+    assert mip_stage.family(cs, model, start).tolist() == [0, 1]
+    near = lp.solve_mip(lp.fix_outside(model, start, mip_stage.neighbourhood(model, start)), start,
                         time_limit_s=10.0, mip_gap=0.0, substitute_fixed=True)
-    fam = lp.solve_mip(lp.fix_outside(model, start, _family(cs, model, start)), start,
+    fam = lp.solve_mip(lp.fix_outside(model, start, mip_stage.family(cs, model, start)), start,
                        time_limit_s=10.0, mip_gap=0.0, substitute_fixed=True)
     assert near.x is not None
     assert near.x[model.u_start + 1] == pytest.approx(1.0)
