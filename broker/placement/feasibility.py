@@ -399,18 +399,32 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
     resolver = RttResolver(snapshot, memo.rtts(snapshot) if memo is not None else None)
     out: list[Workload] = []
     extra: dict[str, int] = {}
+    public = all(c.allowed_tenants is None for c in snapshot.clusters)
+    healthy = np.array([c.healthy for c in snapshot.clusters], dtype=bool)
+    rows: dict[str, FloatArray] = {}
     for w in wls:
         spec = w.spec
         if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
                 or spec.user_region is None or spec.replica_weights or spec.replicas <= 0):
             out.append(w)
             continue
-        rtts = sorted((r, domain_key(c, spec.spread.topology if spec.spread else "cluster"))
-                      for c in snapshot.clusters
-                      if c.healthy and may_use(w.tenant, c)
-                      and (not spec.cluster_names or c.name in spec.cluster_names)
-                      and (r := resolver.rtt_ms(spec.user_region, c)) is not None)
-        sizing_rtt = _nth_domain_rtt(rtts, spec.spread.min_domains if spec.spread else 1)
+        if spec.spread is None and not spec.cluster_names and public:
+            # The closest healthy cluster's RTT (what the walk below returns for one domain),
+            # from the region's row over the clusters.
+            row = rows.get(spec.user_region)
+            if row is None:
+                row = rows[spec.user_region] = np.array(
+                    [np.nan if (r := resolver.rtt_ms(spec.user_region, c)) is None else r
+                     for c in snapshot.clusters], dtype=np.float64)
+            known = row[healthy & ~np.isnan(row)]
+            sizing_rtt: float | None = float(known.min()) if known.size else None
+        else:
+            rtts = sorted((r, domain_key(c, spec.spread.topology if spec.spread else "cluster"))
+                          for c in snapshot.clusters
+                          if c.healthy and may_use(w.tenant, c)
+                          and (not spec.cluster_names or c.name in spec.cluster_names)
+                          and (r := resolver.rtt_ms(spec.user_region, c)) is not None)
+            sizing_rtt = _nth_domain_rtt(rtts, spec.spread.min_domains if spec.spread else 1)
         n = queueing.replicas_for_slack(spec.replicas, spec.latency_slo_ms - sizing_rtt) \
             if sizing_rtt is not None else None
         if n is None:
