@@ -177,6 +177,7 @@ class Draw:
     n_events: int
     extra: int = -1
     trace: bool = False
+    kind: str | None = None  # a trace draft's kind (tracedraft.KINDS); None: drawn by seed
 
 
 def draw(rng: random.Random, n_extra: int, extra_share: float = 0.25,
@@ -207,7 +208,8 @@ def scenario_of(d: Draw, catalog: Catalog, extra: list[Scenario],
     if d.trace:
         if data is None:
             raise ValueError("a trace draw needs the data folder (TrainConfig.data)")
-        return trace_draft(catalog, data, d.seed, horizon_s=d.horizon_s).to_scenario(catalog)
+        return trace_draft(catalog, data, d.seed, horizon_s=d.horizon_s,
+                           kind=d.kind).to_scenario(catalog)
     return random_draft(catalog, d.seed, n_clusters=d.n_clusters, n_edge=d.n_edge,
                         horizon_s=d.horizon_s, n_events=d.n_events).to_scenario(catalog)
 

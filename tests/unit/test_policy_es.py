@@ -12,11 +12,14 @@ from broker.sim.es import (
     PairTask,
     es_keys,
     get_vector,
+    held_out,
     pair_scores,
+    robust_score,
     train_es,
     with_vector,
 )
 from broker.sim.rollout import RewardWeights
+from broker.sim.tracedraft import KINDS
 
 W = RewardWeights()
 
@@ -95,3 +98,19 @@ def test_es_steps_towards_cheaper_episodes() -> None:
     assert np.linalg.norm(after - target) < 0.8 * np.linalg.norm(start - target)
     assert out.iterations == 30
     assert len(out.history) == 4
+
+
+def test_a_loss_on_one_held_out_draft_ranks_below_a_smaller_gain_everywhere() -> None:
+    lopsided = [3.0, 3.0, -2.0]  # mean 1.33, loses on one kind
+    even = [1.0, 1.0, 1.0]
+    assert float(np.mean(lopsided)) > float(np.mean(even))
+    assert robust_score(lopsided) < robust_score(even)
+    assert robust_score(even) == 1.0
+
+
+def test_the_held_out_drafts_hold_every_trace_kind() -> None:
+    from pathlib import Path
+
+    with_data = held_out(3, Path("data"))
+    assert sorted(d.kind for d in with_data if d.trace) == sorted(KINDS)  # type: ignore[type-var]
+    assert [d.kind for d in held_out(3, None) if d.trace] == []
