@@ -146,7 +146,10 @@ async def test_watch_streams_the_status_transitions(world: World) -> None:
     w = world
 
     async def watch() -> str:
-        r = await w.c.get("/v1/workloads", params={"watch": "true", "timeoutSeconds": 2},
+        # ASGITransport hands the body over only when the stream ends, so the stream must
+        # outlast the epoch, dispatch and reconcile below; 2 s did not on a loaded 2-core
+        # machine (the stream ended at "pending").
+        r = await w.c.get("/v1/workloads", params={"watch": "true", "timeoutSeconds": 6},
                           headers=w.auth)
         assert r.headers["content-type"].startswith("text/event-stream")
         return r.text
