@@ -20,7 +20,9 @@ engine in the twin) for at least `scale_in_idle_s` is removed, unless the pool i
 this epoch; never more nodes than the pool's free capacity after this epoch's placements
 holds (aggregate CPU and memory), never a booting or leaving node, never on fixed sites.
 The policy may set the timer per pool or per cluster (`PolicyAction.for_pool`:
-`pool_idle_timeout_s`, else `idle_timeout_s`, else `scale_in_idle_s`) and a warm pool
+`pool_idle_timeout_s`, else `idle_timeout_s`, else `scale_in_idle_s`; plan_epoch raises a
+set timer to `policy_idle_min_s`, the ski-rental break-even below: `bounded_action`) and a
+warm pool
 (`pool_warm_nodes`, else `warm_nodes`): that many empty ready nodes of the pool are kept
 (the longest idle go first). Look-ahead (policies
 with prewarm, `forecast=True`): scale-in never takes a pool below what the prewarm rule
@@ -48,6 +50,7 @@ Prewarm (`prewarm_nodes`, `prewarm_for_placements`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,6 +85,11 @@ class DecisionConfig:
     # packing model's boot charge), 2-competitive against knowing the next arrival (Karlin,
     # Manasse, Rudolph, Sleator, "Competitive snoopy caching", Algorithmica 1988).
     forecast_idle_s: float = NODE_BOOT_S
+    # The least idle timer a policy's action may set (PolicyAction.idle_timeout_s and
+    # pool_idle_timeout_s; a lower value counts as this): the same break-even, so no learned
+    # timer removes a node sooner than buying it back costs. Policies' own defaults
+    # (karpenter's 0 s) are not actions and keep their values. 0 = any timer.
+    policy_idle_min_s: float = NODE_BOOT_S
     # Backoff: first wait, cap (kube-scheduler's 5 min), and the least wait after capacity grew.
     retry_base_s: float = 10.0
     retry_max_s: float = 300.0
@@ -193,6 +201,21 @@ def forecast_floor(snapshot: FederationSnapshot,
         return _forecast_keeps(p, placed, (c.name, p.name), snapshot.demand_of(c.name, p.name),
                                lead, p.nodes)
     return floor
+
+
+def bounded_action(action: PolicyAction, cfg: DecisionConfig) -> PolicyAction:
+    """`action` with every idle timer it sets raised to `cfg.policy_idle_min_s`: what
+    plan_epoch plans with, so scale-in and the packing model's node charge (candidates.py,
+    boot plus idle timer) read the same timer. Timers it does not set stay unset."""
+    low = cfg.policy_idle_min_s
+    if not any(v < low for v in action.idle_timeout_s.values()) and not any(
+            v < low for m in action.pool_idle_timeout_s.values() for v in m.values()):
+        return action
+    return dataclasses.replace(
+        action,
+        idle_timeout_s={c: max(low, v) for c, v in action.idle_timeout_s.items()},
+        pool_idle_timeout_s={c: {p: max(low, v) for p, v in m.items()}
+                             for c, m in action.pool_idle_timeout_s.items()})
 
 
 def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,

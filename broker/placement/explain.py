@@ -28,6 +28,7 @@ import numpy as np
 
 from broker.domain import Assignment, FederationSnapshot, Placement, PolicyAction
 from broker.placement.candidates import CandidateSet, FloatArray, build_candidates
+from broker.placement.decisions import bounded_action
 from broker.placement.feasibility import family_masks, may_use, size_for_slo
 from broker.placement.ledger import Ledger
 
@@ -317,6 +318,7 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
 
     if policy in SLO_QUEUEING_POLICIES:  # as plan_epoch sizes them, so "before" is the plan
         snapshot = replace(snapshot, pending=size_for_slo(snapshot, snapshot.pending)[0])
+    action = bounded_action(action, config.decisions)  # the timers plan_epoch plans with
     ids = [w.id for w in snapshot.pending]
     if workload_id not in ids:
         raise PlannerError(f"workload {workload_id!r} is not in the snapshot's pending batch")

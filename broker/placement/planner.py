@@ -263,6 +263,7 @@ def plan_epoch(
         raise PlannerError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     if policy in FULL_NODE_POLICIES and action.headroom != 1.0:
         action = dataclasses.replace(action, headroom=1.0)
+    action = decisions.bounded_action(action, config.decisions)
     t0 = time.perf_counter()
     memo = PlanMemo() if memo is None else memo
     snapshot, queued, extra = solved_batch(snapshot, config, policy=policy, memo=memo)

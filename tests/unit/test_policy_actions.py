@@ -21,6 +21,7 @@ from broker.domain import (
     Resources,
     WorkloadKind,
 )
+from broker.placement.decisions import DecisionConfig, bounded_action
 from broker.placement.observe import observe
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.policy import (
@@ -39,6 +40,9 @@ from tests.unit.test_placement_consolidate import _job, _running
 from tests.unit.test_placement_gpu_sets import whole_pool
 
 CFG = PlannerConfig(explain=False, time_limit_s=2.0)
+# Without the least timer a policy may set (DecisionConfig.policy_idle_min_s), for the tests
+# of the timers' mechanics below 120 s.
+CFG0 = replace(CFG, decisions=DecisionConfig(policy_idle_min_s=0.0))
 NOW = 10_000.0
 
 
@@ -98,7 +102,7 @@ def test_idle_timeout_and_warm_pool_change_scale_in() -> None:
     [slow] = plan_epoch(snap, PolicyAction(idle_timeout_s={"a": 250.0}), CFG).scale_in
     assert slow.nodes == ("n1",)
     [warm] = plan_epoch(snap, PolicyAction(idle_timeout_s={"a": 0.0}, warm_nodes={"a": 2}),
-                        CFG).scale_in
+                        CFG0).scale_in
     assert warm.nodes == ("n1",)  # the two newest idle nodes stay warm
 
 
@@ -125,14 +129,34 @@ def test_a_pools_idle_timeout_changes_only_that_pools_scale_in() -> None:
     assert _removed(plan_epoch(snap, slow_m5, CFG)) == {"c5": both["c5"]}
     # The pool's own value wins over its cluster's.
     mixed = PolicyAction(idle_timeout_s={"a": 600.0}, pool_idle_timeout_s={"a": {"c5": 0.0}})
-    assert _removed(plan_epoch(snap, mixed, CFG)) == {"c5": ("c5-n1", "c5-n2", "c5-n3")}
+    assert _removed(plan_epoch(snap, mixed, CFG0)) == {"c5": ("c5-n1", "c5-n2", "c5-n3")}
+
+
+def test_a_policy_timer_below_the_break_even_counts_as_the_break_even() -> None:
+    """A learned timer under policy_idle_min_s (the boot time) is raised to it, in scale-in
+    and in the node charge alike (both read plan_epoch's bounded action); a timer the
+    action does not set (karpenter's own 0 s) is not the policy's and stays."""
+    snap = two_pools_idle()
+    fast = PolicyAction(pool_idle_timeout_s={"a": {"c5": 0.0}})
+    assert _removed(plan_epoch(snap, fast, CFG)) == {"m5": ("m5-n1", "m5-n2"),
+                                                     "c5": ("c5-n1", "c5-n2")}  # n3: 100 s
+    assert _removed(plan_epoch(snap, fast, CFG0))["c5"] == ("c5-n1", "c5-n2", "c5-n3")
+    raised = bounded_action(PolicyAction(idle_timeout_s={"a": 5.0, "b": 900.0},
+                                         pool_idle_timeout_s={"a": {"c5": 30.0}}),
+                            DecisionConfig())
+    assert raised.idle_timeout_s == {"a": 120.0, "b": 900.0}
+    assert raised.pool_idle_timeout_s == {"a": {"c5": 120.0}}
+    unset = PolicyAction()
+    assert bounded_action(unset, DecisionConfig()) is unset
+    karpenter = _removed(plan_epoch(snap, PolicyAction(), CFG, policy="karpenter"))
+    assert karpenter["c5"] == ("c5-n1", "c5-n2", "c5-n3")
 
 
 def test_a_pools_warm_pool_keeps_nodes_in_that_pool_only() -> None:
     snap = two_pools_idle()
     warm = PolicyAction(pool_idle_timeout_s={"a": {"m5": 0.0, "c5": 0.0}},
                         pool_warm_nodes={"a": {"m5": 2}})
-    assert _removed(plan_epoch(snap, warm, CFG)) == {"m5": ("m5-n1",),
+    assert _removed(plan_epoch(snap, warm, CFG0)) == {"m5": ("m5-n1",),
                                                      "c5": ("c5-n1", "c5-n2", "c5-n3")}
 
 
