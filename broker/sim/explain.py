@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from broker.domain import FederationSnapshot, PolicyAction
+from broker.placement.decisions import bounded_action
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.placement.policy import (
     ACTIONS,
@@ -216,20 +217,23 @@ def leverage(model: ActorCritic, scenario: Scenario, catalog: CatalogLike | None
     """`skyfed policy leverage`: replay `scenario` under lp+rl with the model's mean action.
 
     Returns {"states": visited states, "action_spread": {field: [min, max]} over every
-    visited state's action, "decisions_changed_frac": epochs (planner calls) whose placement,
-    scale, scale-in, prewarm or migration decisions differ from the fixed weights' plan of the
-    same snapshot / epochs, "epochs": epochs}. The replay follows the policy's plans; the
-    fixed plan is only compared. Decision cadence as `bench twin` runs lp+rl (SimConfig's).
+    visited state's action as plan_epoch plans with it (`decisions.bounded_action`: idle
+    timers under the break-even raised to it), "decisions_changed_frac": epochs (planner
+    calls) whose placement, scale, scale-in, prewarm or migration decisions differ from the
+    fixed weights' plan of the same snapshot / epochs, "epochs": epochs}. The replay follows
+    the policy's plans; the fixed plan is only compared. Decision cadence as `bench twin`
+    runs lp+rl (SimConfig's).
     """
     ctl = PolicyController(model)
     fixed = FixedPolicy().action
     probe = LeverageProbe(fixed)
-    Engine(scenario, catalog, SimConfig(policy="lp+rl", decision_interval_s=decision_interval_s,
-                                        fixed_action=fixed),
-           planner=probe, controller=ctl).run()
+    cfg = SimConfig(policy="lp+rl", decision_interval_s=decision_interval_s,
+                    fixed_action=fixed)
+    Engine(scenario, catalog, cfg, planner=probe, controller=ctl).run()
     spread: dict[str, list[float]] = {}
     for obs in ctl.visited:
-        for name, vals in action_values(model.act(obs).action).items():
+        applied = bounded_action(model.act(obs).action, cfg.planner.decisions)
+        for name, vals in action_values(applied).items():
             if not vals:
                 continue
             lo, hi = spread.get(name, [min(vals), max(vals)])
