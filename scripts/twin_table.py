@@ -76,6 +76,9 @@ def main() -> int:
     ap.add_argument("--save", type=Path, help="also write the bench JSON documents here")
     ap.add_argument("--jobs", type=int, help="bench twin's --jobs (default: its own)")
     args = ap.parse_args()
+    if args.save is not None and (args.save.is_dir() or not args.save.parent.is_dir()):
+        # Checked before the runs (a long table's worth of CPU), not after them.
+        ap.error(f"--save {args.save}: expected a file in an existing folder")
     docs = [bench(path, seeds, args.skyfed, args.policies, args.jobs)
             for path, seeds in (_seeds_of(s, args.seeds) for s in args.scenarios)]
     if args.save:
