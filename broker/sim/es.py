@@ -231,20 +231,25 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
         return (robust_score(scores), float(np.mean(costs)), float(np.mean(slos)),
                 [round(c, 3) for c in costs])
 
+    def check(th: np.ndarray) -> None:
+        """Run the held-out drafts at `th`; keep it if it is the best so far."""
+        nonlocal best_score, best_theta, episodes
+        score, dcost, dslo, each = evaluate(th)
+        episodes += 2 * len(checks)
+        history.append({"iteration": it, "held_out_score": round(score, 3),
+                        "held_out_cost_vs_lp_pct": round(dcost, 3),
+                        "held_out_cost_vs_lp_pct_each": each,
+                        "held_out_slo_vs_lp": round(dslo, 5)})
+        if score > best_score:
+            best_score, best_theta = score, th.copy()
+
     while True:
         if iterations is not None and it >= iterations:
             break
         if iterations is None and time.perf_counter() - t0 >= budget_s:
             break
         if it % eval_every == 0:
-            score, dcost, dslo, each = evaluate(theta)
-            episodes += 2 * len(checks)
-            history.append({"iteration": it, "held_out_score": round(score, 3),
-                            "held_out_cost_vs_lp_pct": round(dcost, 3),
-                            "held_out_cost_vs_lp_pct_each": each,
-                            "held_out_slo_vs_lp": round(dslo, 5)})
-            if score > best_score:
-                best_score, best_theta = score, theta.copy()
+            check(theta)
         eps = noise.standard_normal((pairs, theta.size))
         tasks = [PairTask(base_state, keys, theta, eps[k], sigma,
                           draw(rng, len(scenarios), extra_share, share), decision_interval_s,
@@ -262,13 +267,6 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
             done = it / iterations if iterations else \
                 (time.perf_counter() - t0) / max(budget_s, 1e-9)
             progress(min(1.0, done), f"iteration {it} held-out {best_score:.2f}")
-    score, dcost, dslo, each = evaluate(theta)
-    episodes += 2 * len(checks)
-    history.append({"iteration": it, "held_out_score": round(score, 3),
-                    "held_out_cost_vs_lp_pct": round(dcost, 3),
-                    "held_out_cost_vs_lp_pct_each": each,
-                    "held_out_slo_vs_lp": round(dslo, 5)})
-    if score > best_score:
-        best_score, best_theta = score, theta.copy()
+    check(theta)
     return EsOutcome(with_vector(base_state, keys, best_theta), it, episodes,
                      time.perf_counter() - t0, history, best_score)

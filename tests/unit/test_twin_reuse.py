@@ -23,7 +23,7 @@ from broker.sim import snapshot as sim_snapshot
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.metrics import Metrics
 from broker.sim.scenario import ClusterSpec, PoolSpec, Scenario, load_scenario
-from broker.sim.state import Node, SimPool, make_cluster
+from broker.sim.state import Node, SimCluster, SimPool, make_cluster
 from providers.catalog import Catalog
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
@@ -101,15 +101,20 @@ def _pool_count(run: list[tuple[FederationSnapshot, EpochPlan]]) -> int:
     return sum(len(c.pools) for snap, _ in run[1:] for c in snap.clusters)
 
 
+def _p4_cluster(*, nodes: int, max_nodes: int) -> SimCluster:
+    """One cluster with one pool of 8-GPU NVLink nodes."""
+    spec = PoolSpec(name="p4", instance_type="p4d.24xlarge", node=Resources(96.0, 1152.0, 8),
+                    nodes=nodes, max_nodes=max_nodes, spot=False, price_usd_per_hour=32.0,
+                    interconnect=Interconnect.NVLINK_PAIRS)
+    return make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1",
+                                    zones=("a",), lat=0.0, lon=0.0, pools=(spec,)))
+
+
 def test_a_pool_read_again_equals_a_fresh_reading_whichever_node_value_changes() -> None:
     """`_read_nodes` keeps what it made of each node whose values and being up are as at
     the last reading: each value a reading looks at, changed alone on one node (and nodes
     coming up, added and removed), must give what a reading without the memo gives."""
-    spec = PoolSpec(name="p4", instance_type="p4d.24xlarge", node=Resources(96.0, 1152.0, 8),
-                    nodes=4, max_nodes=10, spot=False, price_usd_per_hour=32.0,
-                    interconnect=Interconnect.NVLINK_PAIRS)
-    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("a",),
-                                 lat=0.0, lon=0.0, pools=(spec,)))
+    c = _p4_cluster(nodes=4, max_nodes=10)
     p = c.pools[0]
     pool = sim_snapshot.registration(c, 0.0).cluster.pools[0]
     n = p.node_list[1]
@@ -140,11 +145,7 @@ def test_a_pool_read_again_after_single_node_changes_equals_a_fresh_reading() ->
     only: each such change, alone or several between readings, a booting node coming up, a
     node vacated after it went, and a change of the list or of many nodes (`changed()`), must
     give what a reading without the memo gives; and the short path must have been taken."""
-    spec = PoolSpec(name="p4", instance_type="p4d.24xlarge", node=Resources(96.0, 1152.0, 8),
-                    nodes=5, max_nodes=20, spot=False, price_usd_per_hour=32.0,
-                    interconnect=Interconnect.NVLINK_PAIRS)
-    c = make_cluster(ClusterSpec(name="c", provider="aws", region="us-east-1", zones=("a",),
-                                 lat=0.0, lon=0.0, pools=(spec,)))
+    c = _p4_cluster(nodes=5, max_nodes=20)
     p = c.pools[0]
     pool = sim_snapshot.registration(c, 0.0).cluster.pools[0]
     p.add_nodes(2, 250.0)  # booting until 250 s
