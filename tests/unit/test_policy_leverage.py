@@ -59,6 +59,18 @@ def test_a_different_action_changes_decisions(small: tuple[Scenario, Catalog]) -
     assert spread["headroom"] == [0.61, 0.61]
 
 
+def test_the_spread_is_of_the_timers_the_planner_plans_with(
+        small: tuple[Scenario, Catalog]) -> None:
+    """An idle timer under DecisionConfig.policy_idle_min_s is reported as the planner
+    bounds it (decisions.bounded_action), not as the network output it."""
+    out = leverage(constant_model(idle_timeout_s=10.0), *small, decision_interval_s=60.0)
+    spread = out["action_spread"]
+    assert isinstance(spread, dict)
+    timers = [v for k, v in spread.items() if "idle_timeout_s" in k]
+    assert timers
+    assert all(v == [120.0, 120.0] for v in timers)
+
+
 def test_action_values_name_every_number() -> None:
     vals = action_values(PolicyAction(cluster_bias_usd_per_hour={"a": 0.1, "b": -0.2}))
     assert vals["cluster_bias_usd_per_hour"] == [0.1, -0.2]

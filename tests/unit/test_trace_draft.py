@@ -181,6 +181,12 @@ def test_training_draws_trace_drafts_when_given_the_data(data: Path,
     assert scenario_of(d, catalog, [], data).name == f"trace-{d.seed}"
     with pytest.raises(ValueError, match="needs the data folder"):
         scenario_of(Draw(1, 0, 0, 3600.0, 0, trace=True), catalog, [])
+    # A draw that names its kind gets that kind (ES's held-out drafts, one of each).
+    gpu = scenario_of(Draw(d.seed, 0, 0, 3600.0, 0, trace=True, kind="gpu"), catalog, [], data)
+    assert {e.kind for e in gpu.events} == {"train"}
+    services = scenario_of(Draw(d.seed, 0, 0, 3600.0, 0, trace=True, kind="services"),
+                           catalog, [], data)
+    assert "service" in {e.kind for e in services.events}
 
 
 def test_training_runs_on_trace_drafts(data: Path, catalog: Catalog) -> None:
