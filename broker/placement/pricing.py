@@ -127,6 +127,10 @@ def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
     (the planner's seeded batches) dual simplex: there a round adds ~16,000 columns
     (5000x500) and dual simplex re-solved it ~0.9 s faster (seeds 1-3), 20000x2000 7.7 s
     instead of ~31 s CPU. It ends on another vertex of the same LP optimum.
+
+    `budget_s` bounds pricing's end, not only its start: a round starts only if one more
+    solve, taking as long as the last one, ends inside it (5000x500: the first solve ended
+    at ~1.3 s of the 1.5 s box, and the round started after it took ~1.1 s more).
     """
     t0 = time.perf_counter()
     h: Any = lp.new_highs(model, time_limit_s=lp_time_limit_s)
@@ -141,8 +145,9 @@ def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
     done = 0
     converged = False
     view = model
+    last_s = time.perf_counter() - t0  # what the last solve took: the next round's estimate
     for _ in range(rounds):
-        if time.perf_counter() - t0 > budget_s:
+        if time.perf_counter() - t0 + last_s > budget_s:
             break
         rc = lp.reduced_costs(cs, view, relax)
         pairs = _new_pairs(cs, rc, in_model, per_workload)
@@ -156,7 +161,9 @@ def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
             x_w.append(w)
             x_o.append(o)
             in_model.add((w, o))
+        t_round = time.perf_counter()
         relax = lp.run_relaxation(h, model, t0, n_extra=len(x_w) - model.n_x)
+        last_s = time.perf_counter() - t_round
         view = dataclasses.replace(model, x_w=np.array(x_w, dtype=np.int64),
                                    x_o=np.array(x_o, dtype=np.int64))
         done += 1

@@ -300,6 +300,38 @@ def test_column_generation_recovers_the_unpruned_lp_bound() -> None:
     assert (residual >= dual.model.row_lo - 1e-6).all()
 
 
+
+def test_pricing_starts_no_round_its_time_box_cannot_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round is started only if the last solve's time still fits the box: at 5000x500
+    the first solve took 1.3 s of the 1.5 s box and the round after it another 1.1 s."""
+    from broker.placement import lp as lp_mod
+    from broker.placement import pricing
+    from broker.placement.candidates import build_candidates
+    from broker.placement.ledger import penalties
+
+    ws = tuple(workload(f"w{i}", replicas=2, cpu=2, mem=4) for i in range(40))
+    cs = build_candidates(snapshot(ws), ACTION, k=1, service_horizon_h=1.0)
+    pen = penalties(cs, 1000.0)
+    model = lp_mod.build(cs, pen, {})
+
+    class Clock:  # every reading of the clock is one second after the one before
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(pricing, "time", Clock())
+    # The first solve "took" 1 s and 2 s of the box's 2.5 are gone: one more solve would
+    # end past it, so no round starts (before, one started since 2 s < 2.5 s).
+    boxed = pricing.generate(cs, pen, {}, model, rounds=10, per_workload=4, min_gain=0.0,
+                             budget_s=2.5, lp_time_limit_s=60.0)
+    assert boxed.rounds == 0
+    # With room for a round, rounds run (this batch needs them: k=1 prunes the pools).
+    roomy = pricing.generate(cs, pen, {}, model, rounds=10, per_workload=4, min_gain=0.0,
+                             budget_s=1000.0, lp_time_limit_s=60.0)
+    assert roomy.rounds >= 1
+
 def _blocked() -> tuple[Ledger, np.ndarray]:
     """"free" took the only node "pinned" can use; "free" could go elsewhere."""
     from broker.placement.candidates import build_candidates
