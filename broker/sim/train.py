@@ -338,22 +338,35 @@ def target_miss(pairs: list[tuple[dict[str, object], dict[str, object]]],
     return miss / max(1, len(pairs))
 
 
+# The range each reward weight is tuned over (log-uniform).
+WEIGHT_RANGE = (0.05, 5.0)
+
+
+def startup_trials(trials: int) -> int:
+    """Random trials before TPE models the rest: half the study, at least 2, at most 10."""
+    return min(10, max(2, trials // 2))
+
+
 def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float,
                  start: ActorCritic | None = None
                  ) -> tuple[RewardWeights, list[dict[str, object]], ActorCritic | None]:
     """optuna TPE over the reward weights (log-uniform 0.05..5), scored by target_miss.
 
-    Every trial starts from `start` (the checkpoint training continues, when given).
-    Returns the best weights, every trial (number, weights, target miss, episodes) for the
-    checkpoint's metadata, and the best trial's model (training continues from it, so the
-    trials' episodes are not thrown away)."""
+    Every trial starts from `start` (the checkpoint training continues, when given). The
+    first trial is the weights the run would use untuned (`cfg.weights`, clipped to the
+    range), so the tuned weights are never chosen over them without beating them on the
+    same held-out drafts. TPE models the trials after `startup_trials` random ones (optuna's
+    default, 10, would make any shorter study a random search: a trial is minutes of
+    training). Returns the best weights, every trial (number, weights, target miss,
+    episodes) for the checkpoint's metadata, and the best trial's model (training continues
+    from it, so the trials' episodes are not thrown away)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     per_trial = budget_s / max(1, cfg.tune_trials)
 
     def objective(trial: optuna.Trial) -> float:
-        w = RewardWeights(**{k: trial.suggest_float(k, 0.05, 5.0, log=True)
+        w = RewardWeights(**{k: trial.suggest_float(k, *WEIGHT_RANGE, log=True)
                              for k in ("cost", "slo", "xzone", "queue", "gpu")})
         episodes = (max(2, cfg.episodes // (2 * max(1, cfg.tune_trials)))
                     if cfg.episodes is not None else None)
@@ -366,8 +379,10 @@ def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float,
         return target_miss(evaluate(out.model, catalog, held_out, cfg.data), cfg.target)
 
     models: dict[int, ActorCritic] = {}
-    study = optuna.create_study(direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=cfg.seed))
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
+        seed=cfg.seed, n_startup_trials=startup_trials(cfg.tune_trials)))
+    study.enqueue_trial({k: min(WEIGHT_RANGE[1], max(WEIGHT_RANGE[0], float(v)))
+                         for k, v in cfg.weights.__dict__.items()})
     study.optimize(objective, n_trials=cfg.tune_trials)
     trials: list[dict[str, object]] = [
         {"number": t.number, "weights": {k: round(float(v), 4) for k, v in t.params.items()},

@@ -283,3 +283,49 @@ def test_reward_weights_parse_names_a_bad_entry() -> None:
                      ("cost=x", "not a number"), ("cost=-1", ">= 0"), ("cost=inf", ">= 0")):
         with pytest.raises(ValueError, match=why):
             RewardWeights.parse(bad)
+
+
+def test_weight_tuning_starts_from_the_untuned_weights_and_keeps_the_best_trial(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The study's first trial is the weights the run would use untuned; TPE takes over
+    after its random start-up trials; the best trial's weights and model come back, and
+    every trial is listed for the checkpoint's metadata. Training and the held-out
+    evaluation are replaced by a miss that is the distance to known weights (minutes of
+    twin runs each, measured in `skyfed train`)."""
+    from broker.sim import train as train_mod
+    from broker.sim.rollout import RewardWeights
+    from broker.sim.train import TrainConfig, TrainOutcome
+
+    goal = {"cost": 2.0, "slo": 0.5, "xzone": 0.1, "queue": 0.2, "gpu": 0.2}
+    seen: list[RewardWeights] = []
+
+    def fake_train(catalog: object, cfg: TrainConfig, *, budget_s: float,
+                   start: ActorCritic | None = None, **_: object) -> TrainOutcome:
+        seen.append(cfg.weights)
+        model = ActorCritic(hidden=8, rounds=1)
+        model.tag = cfg.weights  # type: ignore[attr-defined]
+        return TrainOutcome(model, episodes=3, steps=0, mean_reward_first=0.0,
+                            mean_reward_last=0.0, seconds=0.0)
+
+    def fake_eval(model: ActorCritic, *_: object) -> list[tuple[dict[str, object],
+                                                                 dict[str, object]]]:
+        w = model.tag.__dict__  # type: ignore[attr-defined]
+        miss = sum(abs(np.log(w[k] / goal[k])) for k in goal)
+        return [({"miss": miss}, {})]
+
+    monkeypatch.setattr(train_mod, "train_model", fake_train)
+    monkeypatch.setattr(train_mod, "evaluate", fake_eval)
+    monkeypatch.setattr(train_mod, "target_miss", lambda pairs, _t: float(pairs[0][0]["miss"]))
+    untuned = RewardWeights(cost=1.0, slo=1.0, xzone=0.1, queue=0.2, gpu=0.2)
+    cfg = TrainConfig(seed=5, episodes=4, tune_trials=12, weights=untuned)
+    best, trials, model = train_mod.tune_weights(None, cfg, 60.0)  # type: ignore[arg-type]
+    assert seen[0] == untuned
+    assert [t["number"] for t in trials] == list(range(12))
+    assert trials[0]["weights"] == untuned.__dict__
+    misses = [t["target_miss"] for t in trials]
+    assert all(isinstance(m, float) for m in misses)
+    kept = min(range(12), key=lambda i: misses[i])  # type: ignore[arg-type, return-value]
+    assert best == seen[kept]
+    assert model is not None and model.tag == best  # type: ignore[attr-defined]
+    assert train_mod.startup_trials(12) == 6 and train_mod.startup_trials(3) == 2
+    assert train_mod.startup_trials(100) == 10
