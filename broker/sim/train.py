@@ -30,6 +30,7 @@ import contextlib
 import math
 import multiprocessing
 import random
+import sys
 import time
 import tomllib
 from collections.abc import Callable, Iterator
@@ -348,7 +349,8 @@ def startup_trials(trials: int) -> int:
 
 
 def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float,
-                 start: ActorCritic | None = None
+                 start: ActorCritic | None = None,
+                 say: Callable[[str], None] = lambda _msg: None
                  ) -> tuple[RewardWeights, list[dict[str, object]], ActorCritic | None]:
     """optuna TPE over the reward weights (log-uniform 0.05..5), scored by target_miss.
 
@@ -376,7 +378,11 @@ def tune_weights(catalog: Catalog, cfg: TrainConfig, budget_s: float,
         models[trial.number] = out.model
         trial.set_user_attr("episodes", out.episodes)
         held_out = [cfg.seed + k for k in range(len(KINDS) if cfg.data is not None else 2)]
-        return target_miss(evaluate(out.model, catalog, held_out, cfg.data), cfg.target)
+        miss = target_miss(evaluate(out.model, catalog, held_out, cfg.data), cfg.target)
+        say(f"tuning: trial {trial.number + 1}/{cfg.tune_trials}: target miss {miss:.4f} "
+            f"({out.episodes} episodes; weights "
+            + ",".join(f"{k}={v:.3g}" for k, v in w.__dict__.items()) + ")")
+        return miss
 
     models: dict[int, ActorCritic] = {}
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
@@ -417,7 +423,9 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         old = before.get("tune_trials") if before is not None else None
         trials = [t for t in old if isinstance(t, dict)] if isinstance(old, list) else []
     if cfg.tune_trials > 0:
-        weights, trials, best = tune_weights(catalog, cfg, budget * 0.5, best)
+        weights, trials, best = tune_weights(
+            catalog, cfg, budget * 0.5, best,
+            say=lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
         budget *= 0.5
     with Progress(transient=True) as bar:
         task = bar.add_task("training", total=1.0)
