@@ -217,13 +217,15 @@ def fixed_weights() -> dict[str, float]:
 
     Each ActionSpec's default (the neutral zone's centre) by action name, the PolicyAction
     defaults the policy does not output (latency weight), and the DecisionConfig timers
-    scale-in falls back to where no timer is set (`decision.<field>`).
+    scale-in falls back to where no timer is set (`decision.<field>`), and the least idle
+    timer the planner lets an action set (`decision.policy_idle_min_s`, bounded_action).
     """
     cfg = DecisionConfig()
     out = {a.name: float(a.default) for a in ACTIONS}
     out["latency_weight_usd_per_ms"] = float(_FIXED.latency_weight_usd_per_ms)
     out["decision.scale_in_idle_s"] = float(cfg.scale_in_idle_s)
     out["decision.forecast_idle_s"] = float(cfg.forecast_idle_s)
+    out["decision.policy_idle_min_s"] = float(cfg.policy_idle_min_s)
     return out
 
 

@@ -139,3 +139,14 @@ def test_policy_leverage_json_names_it(tmp_path: Path, tiny: Path) -> None:
     doc = json.loads(out.stdout)
     assert "does not record the fixed weights" in doc["checkpoint_warnings"][0]
     assert doc["decisions_changed_frac"] == 0.0  # an untrained model is lp
+
+
+def test_the_record_holds_the_bound_on_learned_idle_timers() -> None:
+    """A checkpoint trained before the planner bounded idle timers (es3) is named as such
+    when loaded: its actions were learned where a 2 s timer counted as 2 s."""
+    from broker.placement.decisions import DecisionConfig
+
+    assert fixed_weights()["decision.policy_idle_min_s"] == DecisionConfig().policy_idle_min_s
+    rec = {k: v for k, v in fixed_weights().items() if k != "decision.policy_idle_min_s"}
+    [line] = fixed_weights_warnings({FIXED_WEIGHTS_KEY: rec})
+    assert line.startswith("fixed weight decision.policy_idle_min_s: not recorded")
