@@ -119,9 +119,11 @@ class Ledger:
         self.node = cs.table.node
         self.free = np.maximum(cs.table.free, 0.0)
         self._can_add = cs.table.can_add
+        self._can_l: list[int] = self._can_add.tolist()  # its mirror (node_cap)
         self._usage = np.zeros((n_o, 3))
         self._stale: set[int] = set()  # options whose _usage row lags _use_l
         self.new_nodes = np.zeros(n_o, dtype=np.int64)
+        self._new_l: list[int] = [0] * n_o  # new_nodes' mirror, kept in step by _grow
         self.h = cs.headroom_vec()
         self.cluster_of: Sequence[str] = cs.table.cluster_of if len(cs.table.cluster_of) == \
             n_o else [o.cluster.name for o in cs.options]
@@ -181,6 +183,7 @@ class Ledger:
     @can_add.setter
     def can_add(self, value: IntArray) -> None:
         self._can_add = value
+        self._can_l = value.tolist()
         self._room_all_stale = True
 
     # -- queries ---------------------------------------------------------------
@@ -189,8 +192,8 @@ class Ledger:
 
     def node_cap(self, o: int) -> int:
         """Most nodes pool `o` may have added, given can_add and the quota left."""
-        n_max = int(self._can_add[o])
-        new = int(self.new_nodes[o])
+        n_max = self._can_l[o]
+        new = self._new_l[o]
         q = self._opt_q[o]
         node = self._node_l[o]
         if q[0] is not None and node[0] > 0:
@@ -210,7 +213,7 @@ class Ledger:
     def last_node_fill(self, o: int) -> float:
         """How full pool o's last new node is, by its dominant resource (0 with none new):
         the emptier, the cheaper to close (rounding.close_nodes)."""
-        n = int(self.new_nodes[o])
+        n = self._new_l[o]
         if n <= 0:
             return 0.0
         h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
@@ -254,20 +257,23 @@ class Ledger:
 
     def max_fit(self, i: int, o: int) -> int:
         """Most replicas of workload i that can still go to option o."""
-        cs = self.cs
-        if not cs.feasible[i, o]:
-            return 0
         m = self._rep_l[i] - self._placed[i]
         if m <= 0:
+            return 0
+        cs = self.cs
+        if not cs.feasible[i, o]:
             return 0
         spec = cs.workloads[i].spec
         n_cap = self.node_cap(o)
         h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
         d = self._dem_l[i]
         for r in range(3):
-            if d[r] > 0:
+            dr = d[r]
+            if dr > 0:
                 cap = h[r] * (free[r] + n_cap * node[r]) - use[r]
-                m = min(m, math.floor(cap / d[r] + _EPS))
+                fit = math.floor(cap / dr + _EPS)
+                if fit < m:
+                    m = fit
         cls = self.cls[i]
         if cls is not None and (o, cls) in cs.gpu_sets:
             free_sets, per_node = cs.gpu_sets[(o, cls)]
@@ -329,6 +335,7 @@ class Ledger:
         if q[1] is not None:
             q[1] -= by * node[2]
         self.new_nodes[o] += by
+        self._new_l[o] += by
         if q[0] is not None or q[1] is not None:
             self._room_stale.update(self._cluster_opts[self.cluster_of[o]])
 
@@ -339,7 +346,7 @@ class Ledger:
         cs = self.cs
         self._use(i, o, m)
         self._count_sets(i, o, m)
-        grow = max(0, self._nodes_needed(o) - int(self.new_nodes[o]))
+        grow = max(0, self._nodes_needed(o) - self._new_l[o])
         if grow:
             self._grow(o, grow)
         usd = m * float(cs.usd_per_hour[i, o])
@@ -361,7 +368,7 @@ class Ledger:
         for o, m in self.x[i].items():
             self._use(i, o, -m)
             self._count_sets(i, o, -m)
-            shrink = max(0, int(self.new_nodes[o]) - self._nodes_needed(o))
+            shrink = max(0, self._new_l[o] - self._nodes_needed(o))
             if shrink:
                 self._grow(o, -shrink)
             tenant = cs.workloads[i].tenant
