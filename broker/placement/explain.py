@@ -154,12 +154,22 @@ def binding_index(model: lp.Model | None, relax: lp.Relaxation | None
     n_rows = np.int64(a.shape[0])
     keys = np.unique(model.x_w[cols[keep]].astype(np.int64) * n_rows + rows[keep])
     ws, rs = keys // n_rows, keys % n_rows
-    price = {r: _r(-float(duals[r])) for r in np.unique(rs).tolist()}
-    cuts = (np.flatnonzero(np.diff(ws)) + 1).tolist()
-    firsts = ws[[0, *cuts]].tolist()
-    return {w: sorted(((r, price[r]) for r in chunk.tolist()),
-                      key=lambda t: -abs(t[1]))[:BINDING_ROWS_SHOWN]
-            for w, chunk in zip(firsts, np.split(rs, cuts), strict=True)}
+    uniq, inv = np.unique(rs, return_inverse=True)
+    price_u = [_r(-float(duals[r])) for r in uniq.tolist()]  # Python's round, as before
+    price = np.array(price_u, dtype=np.float64)[inv]
+    # By workload, then |price| descending, then row (a stable sort's ties in row order);
+    # the first BINDING_ROWS_SHOWN of each workload, sorted in numpy rather than per
+    # workload in Python (a busy pool's row touches hundreds of workloads).
+    order = np.lexsort((rs, -np.abs(price), ws))
+    ws_o, rs_o, pr_o = ws[order], rs[order], price[order]
+    starts = np.flatnonzero(np.r_[True, ws_o[1:] != ws_o[:-1]])
+    rank = np.arange(ws_o.size) - np.repeat(starts, np.diff(np.r_[starts, ws_o.size]))
+    shown = rank < BINDING_ROWS_SHOWN
+    out: dict[int, list[tuple[int, float]]] = {}
+    for w, r, pr in zip(ws_o[shown].tolist(), rs_o[shown].tolist(), pr_o[shown].tolist(),
+                        strict=True):
+        out.setdefault(w, []).append((r, pr))
+    return out
 
 
 def _binding(model: lp.Model | None, relax: lp.Relaxation | None, w: int,
