@@ -492,8 +492,7 @@ def _dual_adjusted(cs: CandidateSet, model: Model, y: FloatArray, *,
     cap_dual = np.zeros((n_o, 3))
     for (o, r), row in model.cap_rows.items():
         cap_dual[o, r] = y[row]
-    # In place from here on (same arithmetic, same order): at 20000x2000 each W x O
-    # temporary is 320 MB.
+    # In place from here on, one W x O temporary at a time: at 20000x2000 each is 320 MB.
     rc = cs.cost - y[:n_w, None] if demand else cs.cost.copy()
     # Resource by resource, not `cs.demand @ cap_dual.T`: an inner dimension of 3 gains
     # nothing from BLAS, and OpenBLAS's worker threads spun on after that matmul (a third
