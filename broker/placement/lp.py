@@ -308,18 +308,8 @@ def _highs(model: Model, *, integer: bool, time_limit_s: float, mip_gap: float) 
 
 
 def new_highs(model: Model, *, time_limit_s: float) -> Any:
-    """A HiGHS instance holding the LP relaxation of `model` (not yet solved).
-
-    Presolve off: these models have little for it to remove, and it cost more than it
-    saved. The placement bench's first solves (dual simplex, median of 3, same optimum):
-    1000x200 0.108 -> 0.069 s, 5000x500 1.48 -> 1.25 s; one seed of `bench twin --policies
-    lp` (retail-peak, edge-heavy, gpu-training) 4.14 / 2.90 / 4.01 -> 3.66 / 2.63 / 3.41 s
-    wall. The optimum is the same; the vertex HiGHS ends on may differ, and so may the
-    rounding built on it. Re-solves after a pricing round start from the last basis, and
-    the MIPs keep HiGHS's presolve."""
-    h = _highs(model, integer=False, time_limit_s=time_limit_s, mip_gap=0.0)
-    h.setOptionValue("presolve", "off")  # type: ignore[attr-defined]
-    return h
+    """A HiGHS instance holding the LP relaxation of `model` (not yet solved)."""
+    return _highs(model, integer=False, time_limit_s=time_limit_s, mip_gap=0.0)
 
 
 def run_relaxation(h: Any, model: Model, t0: float, *, n_extra: int = 0) -> Relaxation:
