@@ -332,6 +332,36 @@ def test_pricing_starts_no_round_its_time_box_cannot_fit(monkeypatch: pytest.Mon
                              budget_s=1000.0, lp_time_limit_s=60.0)
     assert roomy.rounds >= 1
 
+
+def test_the_lagrangian_bound_waits_for_a_mip_that_runs_anyway(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the rounding is already above mip_gap of the LP value, the MIP stage runs
+    whatever the (lower) Lagrangian bound says, so that bound is computed after it and the
+    MIP's time box keeps its seconds; the plan's bound and gap are the same."""
+    from broker.placement import lp as lp_mod
+    from broker.placement import mip_stage
+
+    calls: list[str] = []
+    real_bound, real_mip = lp_mod.lagrangian_bound, mip_stage.run
+
+    def bound(*a: object, **k: object) -> float:
+        calls.append("lagrangian")
+        return real_bound(*a, **k)  # type: ignore[arg-type]
+
+    def mip(*a: object, **k: object) -> object:
+        calls.append("mip")
+        return real_mip(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lp_mod, "lagrangian_bound", bound)
+    monkeypatch.setattr(mip_stage, "run", mip)
+    ws = tuple(workload(f"w{i}", replicas=2, cpu=2, mem=4) for i in range(40))
+    # k=1 and no pricing: the restricted LP is not priced out, so its bound is Lagrangian.
+    cfg = dataclasses.replace(CONFIG, k_candidates=1, pricing_rounds=0, mip_gap=0.0)
+    plan = plan_epoch(snapshot(ws), ACTION, cfg)
+    assert calls == ["mip", "lagrangian"]
+    assert plan.stats.lp_bound is not None
+    assert plan.stats.lp_bound <= plan.stats.objective
+
 def _blocked() -> tuple[Ledger, np.ndarray]:
     """"free" took the only node "pinned" can use; "free" could go elsewhere."""
     from broker.placement.candidates import build_candidates
