@@ -300,7 +300,6 @@ def test_column_generation_recovers_the_unpruned_lp_bound() -> None:
     assert (residual >= dual.model.row_lo - 1e-6).all()
 
 
-
 def test_pricing_starts_no_round_its_time_box_cannot_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     """A round is started only if the last solve's time still fits the box: at 5000x500
     the first solve took 1.3 s of the 1.5 s box and the round after it another 1.1 s."""
@@ -361,6 +360,7 @@ def test_the_lagrangian_bound_waits_for_a_mip_that_runs_anyway(
     assert calls == ["mip", "lagrangian"]
     assert plan.stats.lp_bound is not None
     assert plan.stats.lp_bound <= plan.stats.objective
+
 
 def _blocked() -> tuple[Ledger, np.ndarray]:
     """"free" took the only node "pinned" can use; "free" could go elsewhere."""

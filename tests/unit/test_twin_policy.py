@@ -287,9 +287,10 @@ def test_reward_weights_parse_names_a_bad_entry() -> None:
 
 def test_weight_tuning_starts_from_the_untuned_weights_and_keeps_the_best_trial(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The study's first trial is the weights the run would use untuned; TPE takes over
-    after its random start-up trials; the best trial's weights and model come back, and
-    every trial is listed for the checkpoint's metadata. Training and the held-out
+    """The study's first trial is the weights the run would use untuned; the sampler is
+    told to model after half the study's trials; each trial says a progress line; the best
+    trial's weights and model come back, and every trial is listed for the checkpoint's
+    metadata. Training and the held-out
     evaluation are replaced by a miss that is the distance to known weights (minutes of
     twin runs each, measured in `skyfed train`)."""
     from broker.sim import train as train_mod
@@ -317,9 +318,24 @@ def test_weight_tuning_starts_from_the_untuned_weights_and_keeps_the_best_trial(
     monkeypatch.setattr(train_mod, "train_model", fake_train)
     monkeypatch.setattr(train_mod, "evaluate", fake_eval)
     monkeypatch.setattr(train_mod, "target_miss", lambda pairs, _t: float(pairs[0][0]["miss"]))
+    import optuna
+
+    samplers: list[dict[str, object]] = []
+    real_tpe = optuna.samplers.TPESampler
+
+    def tpe(**kw: object) -> object:
+        samplers.append(kw)
+        return real_tpe(**kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(optuna.samplers, "TPESampler", tpe)
     untuned = RewardWeights(cost=1.0, slo=1.0, xzone=0.1, queue=0.2, gpu=0.2)
     cfg = TrainConfig(seed=5, episodes=4, tune_trials=12, weights=untuned)
-    best, trials, model = train_mod.tune_weights(None, cfg, 60.0)  # type: ignore[arg-type]
+    lines: list[str] = []
+    best, trials, model = train_mod.tune_weights(None, cfg, 60.0,  # type: ignore[arg-type]
+                                                 say=lines.append)
+    assert [kw["n_startup_trials"] for kw in samplers] == [6]
+    assert len(lines) == 12
+    assert lines[0].startswith("tuning: trial 1/12: target miss ")
     assert seen[0] == untuned
     assert [t["number"] for t in trials] == list(range(12))
     assert trials[0]["weights"] == untuned.__dict__
