@@ -196,6 +196,23 @@ def test_target_miss_zero_when_met() -> None:
     assert target_miss([(lp, bad)], target) > 1.0  # type: ignore[list-item]
 
 
+def test_target_miss_holds_cost_as_a_constraint() -> None:
+    """Weights that buy the other goals with cost never beat weights that keep lp's cost:
+    the gate ships nothing dearer than lp (es5 was tuned into +10 % on retail-peak)."""
+    target = {"cost_vs_lp": -0.05, "cross_zone_traffic_frac": 0.12}
+    lp = {"cost_usd": 100.0, "cross_zone_traffic_frac": 0.3}
+    dearer = {"cost_usd": 101.0, "cross_zone_traffic_frac": 0.12}  # 1 % dearer, xzone met
+    cheaper = {"cost_usd": 99.0, "cross_zone_traffic_frac": 0.5}  # cheaper, xzone far off
+    m_dearer = target_miss([(lp, dearer)], target)  # type: ignore[list-item]
+    m_cheaper = target_miss([(lp, cheaper)], target)  # type: ignore[list-item]
+    assert m_cheaper < m_dearer
+    # The constraint is on the mean over the drafts: one dearer draft that the others
+    # outweigh adds nothing beyond its own cost miss.
+    even = [(lp, {"cost_usd": 101.0, "cross_zone_traffic_frac": 0.12}),
+            (lp, {"cost_usd": 95.0, "cross_zone_traffic_frac": 0.12})]
+    assert target_miss(even, target) == pytest.approx(0.6 / 2)  # type: ignore[arg-type]
+
+
 def test_shap_values_explain_every_output() -> None:
     torch.manual_seed(0)
     m = ActorCritic()
