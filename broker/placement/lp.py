@@ -82,8 +82,11 @@ Solving strategy
    incumbent is the third candidate; the cheapest wins. Then local moves on it:
    ejections for unplaced replicas (`rounding.improve`) and node closing
    (`rounding.close_nodes`: re-pack the workloads of a pool with new nodes into
-   room already paid or opened, so it opens one node fewer); each kept only if
-   the objective drops.
+   room already paid or opened, so it opens one node fewer) and merges
+   (`rounding.merge_splits`: a workload split over clusters, each paying its input's
+   copy, filled again in one of them); each kept only if the objective drops. Node
+   closing and merges run on models too large for the whole MIP only; the merges also
+   on the neighbourhood MIP's plan (step 4).
 4. gap = (best - bound) / |bound|. Only when it exceeds the target, a
    time-boxed MIP (HiGHS branch-and-cut, warm-started from the best
    rounding): the whole program when it is small (its dual bound tightens

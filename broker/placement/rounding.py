@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from broker.placement.candidates import BoolArray, FloatArray, IntArray
+from broker.placement.candidates import BoolArray, CandidateSet, FloatArray, IntArray
 from broker.placement.ledger import Ledger
 from broker.placement.lp import Model
 
@@ -195,6 +195,75 @@ def improve(ledger: Ledger, pen: FloatArray, *, budget_s: float, per_option: int
                     break
                 _restore(ledger, saved)
     return kept
+
+
+def merge_splits(ledger: Ledger, pen: FloatArray, *, budget_s: float,
+                 max_tries: int | None = None) -> int:
+    """Moves that put a workload whose replicas run in several clusters into one of them.
+
+    Every cluster that runs a replica needs the whole input (`Ledger.split_egress`), which
+    the LP and the MIP price as one shared copy, so their solutions split a workload where
+    a pool runs out of room and pay the copy again in each further cluster. For each such
+    workload (largest split egress first), for each cluster it runs in (most replicas
+    first), then a few it could run in (`_merge_clusters`): take it out and fill it again
+    on that cluster's options, cheapest first. Kept only if no replica is left unplaced
+    that was placed, spread still holds and the objective of the move (its replicas, its
+    copies, every node charge) drops; else restored. Passes over what is still split
+    until one keeps nothing (a kept move frees room). Stops after `budget_s` of wall clock
+    or `max_tries` tried moves; returns the number of moves kept.
+    """
+    cs = ledger.cs
+    t0 = time.perf_counter()
+    cap = math.inf if max_tries is None else max_tries
+    kept = tries = 0
+    while True:  # passes: a kept move frees room that an earlier failed one may need
+        split = [(ledger.split_egress(w), w) for w in range(len(cs.workloads))
+                 if len(ledger.clusters_of_w[w]) > 1]
+        todo = [w for e, w in sorted(split, key=lambda t: (-t[0], t[1])) if e > 0]
+        kept_before = kept
+        for w in todo:
+            for cname in _merge_clusters(ledger, w):
+                if time.perf_counter() - t0 > budget_s or tries >= cap:
+                    return kept
+                tries += 1
+                saved = {w: dict(ledger.x[w])}
+                placed = ledger.placed(w)
+                before = _local_objective(ledger, pen, (w,))
+                ledger.remove(w)
+                ledger.fill(w, [o for o in _by_cost(cs, w) if ledger.cluster_of[o] == cname])
+                if ledger.placed(w) >= placed and ledger.spread_ok(w) and \
+                        _local_objective(ledger, pen, (w,)) < before - 1e-6:
+                    kept += 1
+                    break
+                _restore(ledger, saved)
+        if kept == kept_before:
+            return kept
+
+
+def _by_cost(cs: CandidateSet, w: int) -> list[int]:
+    """w's feasible options, cheapest first."""
+    row = np.argsort(np.where(cs.feasible[w], cs.cost[w], np.inf), kind="stable")
+    out: list[int] = row[np.isfinite(cs.cost[w, row]) & cs.feasible[w, row]].tolist()
+    return out
+
+
+def _merge_clusters(ledger: Ledger, w: int) -> list[str]:
+    """The clusters merge_splits tries for w: those it runs in (most replicas first), then
+    those of its cheapest options it does not run in (MERGE_OTHER_CLUSTERS of them)."""
+    here = [c for c, _ in sorted(ledger.clusters_of_w[w].items(), key=lambda t: (-t[1], t[0]))]
+    elsewhere: list[str] = []
+    for o in _by_cost(ledger.cs, w):
+        c = ledger.cluster_of[o]
+        if c not in here and c not in elsewhere:
+            elsewhere.append(c)
+            if len(elsewhere) >= MERGE_OTHER_CLUSTERS:
+                break
+    return here + elsewhere
+
+
+# merge_splits also tries the clusters of this many of a workload's cheapest options that
+# it does not run in yet (one that has room for all its replicas where none of its own has).
+MERGE_OTHER_CLUSTERS = 3
 
 
 # close_nodes leaves a pool whose last new node is more than this full: emptying most of a

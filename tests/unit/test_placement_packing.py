@@ -199,3 +199,53 @@ def test_node_closing_moves_stop_on_their_count_and_undo_what_does_not_pay() -> 
     assert int(ledger.new_nodes[where["cheap"]]) == 1
     assert int(ledger.new_nodes[where["dear"]]) == 0
     assert ledger.objective(pen) == before
+
+
+def _split_job(home_used: float = 0.0) -> tuple[Ledger, np.ndarray, dict[str, int]]:
+    """The job above, rounded as the LP's shared copy suggests: 2 replicas home, 2 away."""
+    from broker.domain import DataSource
+
+    clusters = (
+        Cluster(name="home", provider="aws", region="us-east-1",
+                pools=(pool("h", price=3.0, nodes=1, max_nodes=1,
+                            used=Resources(cpu=home_used, memory_gib=home_used)),)),
+        Cluster(name="away", provider="gcp", region="us-central1",
+                pools=(pool("a", price=0.6, nodes=1, max_nodes=1,
+                            used=Resources(cpu=5.2, memory_gib=5.2)),)),
+    )
+    job = workload("j", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
+                   data=(DataSource(size_gb=10.0, location="home"),))
+    snap = snapshot((job,), clusters=clusters)
+    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
+    ledger = Ledger(cs, snap)
+    where = {o.cluster.name: o.index for o in cs.options}
+    ledger.add(0, where["home"], 2)
+    ledger.add(0, where["away"], 2)
+    return ledger, penalties(cs, 1000.0), where
+
+
+def test_merge_moves_put_a_split_job_in_one_cluster_when_the_copies_cost_more() -> None:
+    """A plan from the MIP or the rounding may split a job the LP priced with one shared
+    copy; the merge move fills it again in one cluster and keeps that when cheaper."""
+    ledger, pen, where = _split_job()
+    before = ledger.objective(pen)
+    assert ledger.split_egress(0) > 0
+    assert rounding.merge_splits(ledger, pen, budget_s=5.0) == 1
+    assert ledger.x[0] == {where["home"]: 4}
+    assert ledger.split_egress(0) == 0.0
+    assert ledger.objective(pen) < before
+
+
+def test_merge_moves_stop_on_their_count_and_keep_replicas_placed() -> None:
+    """No tries allowed: nothing moves. Home full but for 2 replicas: merging there would
+    leave 2 unplaced, so the split stays, exactly as it was."""
+    ledger, pen, where = _split_job()
+    assert rounding.merge_splits(ledger, pen, budget_s=math.inf, max_tries=0) == 0
+    assert ledger.x[0] == {where["home"]: 2, where["away"]: 2}
+    ledger, pen, where = _split_job(home_used=5.2)
+    assert ledger.x[0] == {where["home"]: 2, where["away"]: 2}
+    saved = dict(ledger.x[0])
+    before = ledger.objective(pen)
+    assert rounding.merge_splits(ledger, pen, budget_s=math.inf) == 0
+    assert ledger.x[0] == saved
+    assert ledger.objective(pen) == pytest.approx(before)
