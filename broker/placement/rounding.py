@@ -215,6 +215,8 @@ def merge_splits(ledger: Ledger, pen: FloatArray, *, budget_s: float,
     cs = ledger.cs
     t0 = time.perf_counter()
     cap = math.inf if max_tries is None else max_tries
+    cluster = np.asarray(ledger.cluster_of, dtype=object)
+    rows: dict[int, IntArray] = {}
     kept = tries = 0
     while True:  # passes: a kept move frees room that an earlier failed one may need
         split = [(ledger.split_egress(w), w) for w in range(len(cs.workloads))
@@ -222,7 +224,10 @@ def merge_splits(ledger: Ledger, pen: FloatArray, *, budget_s: float,
         todo = [w for e, w in sorted(split, key=lambda t: (-t[0], t[1])) if e > 0]
         kept_before = kept
         for w in todo:
-            for cname in _merge_clusters(ledger, w):
+            if w not in rows:
+                rows[w] = _by_cost(cs, w)
+            row = rows[w]
+            for cname in _merge_clusters(ledger, w, cluster[row].tolist()):
                 if time.perf_counter() - t0 > budget_s or tries >= cap:
                     return kept
                 tries += 1
@@ -230,7 +235,7 @@ def merge_splits(ledger: Ledger, pen: FloatArray, *, budget_s: float,
                 placed = ledger.placed(w)
                 before = _local_objective(ledger, pen, (w,))
                 ledger.remove(w)
-                ledger.fill(w, [o for o in _by_cost(cs, w) if ledger.cluster_of[o] == cname])
+                ledger.fill(w, row[cluster[row] == cname])
                 if ledger.placed(w) >= placed and ledger.spread_ok(w) and \
                         _local_objective(ledger, pen, (w,)) < before - 1e-6:
                     kept += 1
@@ -240,20 +245,20 @@ def merge_splits(ledger: Ledger, pen: FloatArray, *, budget_s: float,
             return kept
 
 
-def _by_cost(cs: CandidateSet, w: int) -> list[int]:
+def _by_cost(cs: CandidateSet, w: int) -> IntArray:
     """w's feasible options, cheapest first."""
     row = np.argsort(np.where(cs.feasible[w], cs.cost[w], np.inf), kind="stable")
-    out: list[int] = row[np.isfinite(cs.cost[w, row]) & cs.feasible[w, row]].tolist()
+    out: IntArray = row[np.isfinite(cs.cost[w, row]) & cs.feasible[w, row]]
     return out
 
 
-def _merge_clusters(ledger: Ledger, w: int) -> list[str]:
+def _merge_clusters(ledger: Ledger, w: int, by_cost: list[str]) -> list[str]:
     """The clusters merge_splits tries for w: those it runs in (most replicas first), then
-    those of its cheapest options it does not run in (MERGE_OTHER_CLUSTERS of them)."""
+    those of its cheapest options (`by_cost`: their clusters, cheapest option first) it
+    does not run in (MERGE_OTHER_CLUSTERS of them)."""
     here = [c for c, _ in sorted(ledger.clusters_of_w[w].items(), key=lambda t: (-t[1], t[0]))]
     elsewhere: list[str] = []
-    for o in _by_cost(ledger.cs, w):
-        c = ledger.cluster_of[o]
+    for c in by_cost:
         if c not in here and c not in elsewhere:
             elsewhere.append(c)
             if len(elsewhere) >= MERGE_OTHER_CLUSTERS:
