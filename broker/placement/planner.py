@@ -564,7 +564,8 @@ def merge_splits(ledger: Ledger, pen: np.ndarray, config: PlannerConfig) -> int:
     node-closing moves' box, or capped at close_max_tries moves when deterministic. The LP
     and the MIP price a workload's input as one copy shared by its replicas, so their plans
     split workloads over clusters that then each need the copy (measured in
-    docs/placement.md, section 2 step 3: 1000x200 -0.15 %, 20000x2000 -0.09 %, a few ms).
+    docs/placement.md, section 2 step 3: 1000x200 -0.15 %, 20000x2000 -0.06 to -0.09 %, a few
+    ms).
     Like the node-closing moves, only on models above mip_max_columns: the twin's
     epochs (whole MIPs) are unchanged, and what the moves would do there is not measured."""
     if config.deterministic:
