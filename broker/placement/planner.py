@@ -470,8 +470,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
             mip_used = True
             mip_bound = mip.bound
             mip_obj, mip_source = mip.objective, mip.source
-            if mip.ledger is not None and model.cost.size > config.mip_max_columns \
-                    and merge_splits(mip.ledger, pen, config) > 0:
+            if mip.ledger is not None and merge_splits(mip.ledger, pen, config, model) > 0:
                 mip_obj, mip_source = mip.ledger.objective(pen), mip.source + "+merged"
             if mip.ledger is not None and mip_obj < best_obj - 1e-9:
                 best, source, best_obj = mip.ledger, mip_source, mip_obj
@@ -549,7 +548,7 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
         close_s = config.close_time_frac * config.time_limit_s
         closed = rounding.close_nodes(best, pen, budget_s=close_s) \
             if pack and close_s > 0 else 0
-    merged = merge_splits(best, pen, config) if pack else 0
+    merged = merge_splits(best, pen, config, model)
     if kept > 0:
         source += "+moves"
     if closed > 0:
@@ -559,15 +558,17 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     return best, source, best.objective(pen)
 
 
-def merge_splits(ledger: Ledger, pen: np.ndarray, config: PlannerConfig) -> int:
+def merge_splits(ledger: Ledger, pen: np.ndarray, config: PlannerConfig,
+                 model: lp.Model) -> int:
     """rounding.merge_splits on a plan (the rounding's, the neighbourhood MIP's): in the
     node-closing moves' box, or capped at close_max_tries moves when deterministic. The LP
     and the MIP price a workload's input as one copy shared by its replicas, so their plans
     split workloads over clusters that then each need the copy (measured in
-    docs/placement.md, section 2 step 3: 1000x200 -0.15 %, 20000x2000 -0.06 to -0.09 %, a few
-    ms).
-    Like the node-closing moves, only on models above mip_max_columns: the twin's
+    docs/placement.md, section 2 step 3: 1000x200 -0.15 %, 20000x2000 -0.06 to -0.09 %, a
+    few ms). Like the node-closing moves, only on models above mip_max_columns: the twin's
     epochs (whole MIPs) are unchanged, and what the moves would do there is not measured."""
+    if model.cost.size <= config.mip_max_columns:
+        return 0
     if config.deterministic:
         return rounding.merge_splits(ledger, pen, budget_s=math.inf,
                                      max_tries=config.close_max_tries)

@@ -246,9 +246,10 @@ def merge_splits(ledger: Ledger, pen: FloatArray, *, budget_s: float,
 
 
 def _by_cost(cs: CandidateSet, w: int) -> IntArray:
-    """w's feasible options, cheapest first."""
-    row = np.argsort(np.where(cs.feasible[w], cs.cost[w], np.inf), kind="stable")
-    out: IntArray = row[np.isfinite(cs.cost[w, row]) & cs.feasible[w, row]]
+    """w's feasible options (finite cost), cheapest first."""
+    row = np.where(cs.feasible[w], cs.cost[w], np.inf)
+    order = np.argsort(row, kind="stable")
+    out: IntArray = order[np.isfinite(row[order])]
     return out
 
 
@@ -305,9 +306,7 @@ def close_nodes(ledger: Ledger, pen: FloatArray, *, budget_s: float,
 
     def by_cost(w: int) -> IntArray:
         if w not in rows:
-            row = np.where(cs.feasible[w], cs.cost[w], np.inf)
-            order = np.argsort(row, kind="stable")
-            rows[w] = order[np.isfinite(row[order])]
+            rows[w] = _by_cost(cs, w)
         return rows[w]
 
     size = np.max(cs.demand / np.maximum(cs.table.node.max(axis=0), 1e-9), axis=1) \
