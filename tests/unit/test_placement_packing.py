@@ -249,3 +249,63 @@ def test_merge_moves_stop_on_their_count_and_keep_replicas_placed() -> None:
     assert rounding.merge_splits(ledger, pen, budget_s=math.inf) == 0
     assert ledger.x[0] == saved
     assert ledger.objective(pen) == pytest.approx(before)
+
+
+def test_merge_moves_pass_again_when_a_kept_move_frees_room() -> None:
+    """`a` (the larger copy, tried first) cannot merge while `b` holds half of home; `b`
+    then merges into `other`, where its data is, and the next pass merges `a` at home."""
+    from broker.domain import DataSource
+
+    def site(name: str, region: str, used: float) -> Cluster:
+        return Cluster(name=name, provider="aws", region=region,
+                       pools=(pool(name[0], price=0.3, nodes=1, max_nodes=1,
+                                   used=Resources(cpu=used, memory_gib=used)),))
+
+    # One 8-vCPU node each (7.2 at the default headroom): home and other have room for 4
+    # one-vCPU replicas, away for 2.
+    clusters = (site("home", "us-east-1", 3.2), site("away", "us-west-2", 5.2),
+                site("other", "eu-west-1", 3.2))
+    a = workload("a", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
+                 data=(DataSource(size_gb=40.0, location="home"),))
+    b = workload("b", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
+                 data=(DataSource(size_gb=10.0, location="other"),))
+    snap = snapshot((a, b), clusters=clusters)
+    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
+    pen = penalties(cs, 1000.0)
+    ledger = Ledger(cs, snap)
+    where = {o.cluster.name: o.index for o in cs.options}
+    ledger.add(0, where["home"], 2)
+    ledger.add(0, where["away"], 2)
+    ledger.add(1, where["home"], 2)
+    ledger.add(1, where["other"], 2)
+    assert ledger.split_egress(0) > ledger.split_egress(1) > 0
+    before = ledger.objective(pen)
+    assert rounding.merge_splits(ledger, pen, budget_s=math.inf) == 2
+    assert ledger.x[0] == {where["home"]: 4}
+    assert ledger.x[1] == {where["other"]: 4}
+    assert ledger.objective(pen) < before
+
+
+def test_merge_moves_try_a_cluster_the_workload_does_not_run_in_yet() -> None:
+    """Split over two full sites, `a` fits whole only in a third (where its data is)."""
+    from broker.domain import DataSource
+
+    clusters = tuple(
+        Cluster(name=name, provider="aws", region=region,
+                pools=(pool(name[0], price=0.3, nodes=1, max_nodes=1,
+                            used=Resources(cpu=used, memory_gib=used)),))
+        for name, region, used in (("home", "us-east-1", 5.2), ("away", "us-west-2", 5.2),
+                                   ("other", "eu-west-1", 3.2)))
+    a = workload("a", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
+                 data=(DataSource(size_gb=40.0, location="other"),))
+    snap = snapshot((a,), clusters=clusters)
+    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
+    pen = penalties(cs, 1000.0)
+    ledger = Ledger(cs, snap)
+    where = {o.cluster.name: o.index for o in cs.options}
+    ledger.add(0, where["home"], 2)
+    ledger.add(0, where["away"], 2)
+    before = ledger.objective(pen)
+    assert rounding.merge_splits(ledger, pen, budget_s=math.inf) == 1
+    assert ledger.x[0] == {where["other"]: 4}
+    assert ledger.objective(pen) < before
