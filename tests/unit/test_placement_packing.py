@@ -201,10 +201,36 @@ def test_node_closing_moves_stop_on_their_count_and_undo_what_does_not_pay() -> 
     assert ledger.objective(pen) == before
 
 
-def _split_job(home_used: float = 0.0) -> tuple[Ledger, np.ndarray, dict[str, int]]:
-    """The job above, rounded as the LP's shared copy suggests: 2 replicas home, 2 away."""
+def _placed(pending: tuple[Workload, ...], clusters: tuple[Cluster, ...],
+            adds: tuple[tuple[int, str, int], ...]
+            ) -> tuple[Ledger, np.ndarray, dict[str, int]]:
+    """A ledger with (workload, cluster, replicas) placed, as a rounding or a MIP might."""
+    snap = snapshot(pending, clusters=clusters)
+    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
+    ledger = Ledger(cs, snap)
+    where = {o.cluster.name: o.index for o in cs.options}
+    for w, name, m in adds:
+        ledger.add(w, where[name], m)
+    return ledger, penalties(cs, 1000.0), where
+
+
+def _site(name: str, region: str, used: float) -> Cluster:
+    """One 8-vCPU node at 0.3 USD/h and no more (7.2 vCPUs at the default headroom):
+    `used` 3.2 leaves room for 4 one-vCPU replicas, 5.2 for 2."""
+    return Cluster(name=name, provider="aws", region=region,
+                   pools=(pool(name[0], price=0.3, nodes=1, max_nodes=1,
+                               used=Resources(cpu=used, memory_gib=used)),))
+
+
+def _job(name: str, size_gb: float, location: str) -> Workload:
     from broker.domain import DataSource
 
+    return workload(name, kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
+                    data=(DataSource(size_gb=size_gb, location=location),))
+
+
+def _split_job(home_used: float = 0.0) -> tuple[Ledger, np.ndarray, dict[str, int]]:
+    """The job above, rounded as the LP's shared copy suggests: 2 replicas home, 2 away."""
     clusters = (
         Cluster(name="home", provider="aws", region="us-east-1",
                 pools=(pool("h", price=3.0, nodes=1, max_nodes=1,
@@ -213,15 +239,7 @@ def _split_job(home_used: float = 0.0) -> tuple[Ledger, np.ndarray, dict[str, in
                 pools=(pool("a", price=0.6, nodes=1, max_nodes=1,
                             used=Resources(cpu=5.2, memory_gib=5.2)),)),
     )
-    job = workload("j", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
-                   data=(DataSource(size_gb=10.0, location="home"),))
-    snap = snapshot((job,), clusters=clusters)
-    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
-    ledger = Ledger(cs, snap)
-    where = {o.cluster.name: o.index for o in cs.options}
-    ledger.add(0, where["home"], 2)
-    ledger.add(0, where["away"], 2)
-    return ledger, penalties(cs, 1000.0), where
+    return _placed((_job("j", 10.0, "home"),), clusters, ((0, "home", 2), (0, "away", 2)))
 
 
 def test_merge_moves_put_a_split_job_in_one_cluster_when_the_copies_cost_more() -> None:
@@ -254,30 +272,11 @@ def test_merge_moves_stop_on_their_count_and_keep_replicas_placed() -> None:
 def test_merge_moves_pass_again_when_a_kept_move_frees_room() -> None:
     """`a` (the larger copy, tried first) cannot merge while `b` holds half of home; `b`
     then merges into `other`, where its data is, and the next pass merges `a` at home."""
-    from broker.domain import DataSource
-
-    def site(name: str, region: str, used: float) -> Cluster:
-        return Cluster(name=name, provider="aws", region=region,
-                       pools=(pool(name[0], price=0.3, nodes=1, max_nodes=1,
-                                   used=Resources(cpu=used, memory_gib=used)),))
-
-    # One 8-vCPU node each (7.2 at the default headroom): home and other have room for 4
-    # one-vCPU replicas, away for 2.
-    clusters = (site("home", "us-east-1", 3.2), site("away", "us-west-2", 5.2),
-                site("other", "eu-west-1", 3.2))
-    a = workload("a", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
-                 data=(DataSource(size_gb=40.0, location="home"),))
-    b = workload("b", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
-                 data=(DataSource(size_gb=10.0, location="other"),))
-    snap = snapshot((a, b), clusters=clusters)
-    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
-    pen = penalties(cs, 1000.0)
-    ledger = Ledger(cs, snap)
-    where = {o.cluster.name: o.index for o in cs.options}
-    ledger.add(0, where["home"], 2)
-    ledger.add(0, where["away"], 2)
-    ledger.add(1, where["home"], 2)
-    ledger.add(1, where["other"], 2)
+    clusters = (_site("home", "us-east-1", 3.2), _site("away", "us-west-2", 5.2),
+                _site("other", "eu-west-1", 3.2))
+    ledger, pen, where = _placed(
+        (_job("a", 40.0, "home"), _job("b", 10.0, "other")), clusters,
+        ((0, "home", 2), (0, "away", 2), (1, "home", 2), (1, "other", 2)))
     assert ledger.split_egress(0) > ledger.split_egress(1) > 0
     before = ledger.objective(pen)
     assert rounding.merge_splits(ledger, pen, budget_s=math.inf) == 2
@@ -288,23 +287,10 @@ def test_merge_moves_pass_again_when_a_kept_move_frees_room() -> None:
 
 def test_merge_moves_try_a_cluster_the_workload_does_not_run_in_yet() -> None:
     """Split over two full sites, `a` fits whole only in a third (where its data is)."""
-    from broker.domain import DataSource
-
-    clusters = tuple(
-        Cluster(name=name, provider="aws", region=region,
-                pools=(pool(name[0], price=0.3, nodes=1, max_nodes=1,
-                            used=Resources(cpu=used, memory_gib=used)),))
-        for name, region, used in (("home", "us-east-1", 5.2), ("away", "us-west-2", 5.2),
-                                   ("other", "eu-west-1", 3.2)))
-    a = workload("a", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
-                 data=(DataSource(size_gb=40.0, location="other"),))
-    snap = snapshot((a,), clusters=clusters)
-    cs = build_candidates(snap, ACTION, k=8, service_horizon_h=1.0, packing=True)
-    pen = penalties(cs, 1000.0)
-    ledger = Ledger(cs, snap)
-    where = {o.cluster.name: o.index for o in cs.options}
-    ledger.add(0, where["home"], 2)
-    ledger.add(0, where["away"], 2)
+    clusters = (_site("home", "us-east-1", 5.2), _site("away", "us-west-2", 5.2),
+                _site("other", "eu-west-1", 3.2))
+    ledger, pen, where = _placed((_job("a", 40.0, "other"),), clusters,
+                                 ((0, "home", 2), (0, "away", 2)))
     before = ledger.objective(pen)
     assert rounding.merge_splits(ledger, pen, budget_s=math.inf) == 1
     assert ledger.x[0] == {where["other"]: 4}
