@@ -454,7 +454,10 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
             else np.full(len(options), float(node_idle_s))
         node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s + idle_s,
                                 table=table)
-    cost = np.where(feasible, compute + egress + latency + bias, np.inf)
+    cost = compute + egress  # then in place, left to right as `compute + egress + ...` adds
+    cost += latency
+    cost += bias
+    cost[~feasible] = np.inf
     domains = tuple(
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
@@ -564,18 +567,24 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
     n_w, n_o = len(wls), len(options)
     # Dominant share; a resource the node lacks counts 0 here (the pair is
     # infeasible by the `resources` family anyway, so its cost is never used).
+    # In place, into one scratch array: at 20000 x 2000 every W x O temporary is 320 MB, and
+    # a fresh one costs its page faults as well as its pass.
     inv = np.divide(1.0, node, out=np.zeros_like(node), where=node > 0)
     share = np.zeros((n_w, n_o))
+    scratch = np.empty((n_w, n_o))
     for r in range(3):
-        np.maximum(share, np.outer(demand[:, r], inv[:, r]), out=share)
+        np.multiply.outer(demand[:, r], inv[:, r], out=scratch)
+        np.maximum(share, scratch, out=share)
     table = table if table is not None else option_table(options)
     price = table.price
-    usdh = share * price[None, :]
+    usdh = share
+    usdh *= price[None, :]
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
     # With site_cost_fraction < 1 the objective prices the marginal cost of fixed sites (paid
     # anyway, see SUNK_SITE_COST_FRACTION); `usdh` stays the apportioned price for budgets.
     marginal = np.where(table.edge_priced, site_cost_fraction, 1.0)
-    compute = usdh * marginal[None, :] * hours[:, None]
+    compute = np.multiply(usdh, marginal[None, :], out=scratch)
+    compute *= hours[:, None]
     bias_c = np.array([action.cluster_bias_usd_per_hour.get(o.cluster.name, 0.0)
                        + (action.for_pool("spot_bias_usd_per_hour", o.cluster.name,
                                           o.pool.name, 0.0)
@@ -585,7 +594,9 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
         or action.pool_spot_bias_usd_per_hour else np.zeros(n_o)
     bias = hours[:, None] * bias_c[None, :]
     egress = _egress(snapshot, wls, options, clusters)
-    latency = np.where(np.isnan(rtt), 0.0, rtt) * action.latency_weight_usd_per_ms
+    latency = rtt.copy()
+    latency[np.isnan(latency)] = 0.0
+    latency *= action.latency_weight_usd_per_ms
     return compute, egress, latency, bias, usdh
 
 
