@@ -9,7 +9,9 @@ greedy differ.
 
 Reported per size (medians over `--repeats` for times): build_s (candidates +
 matrix), solve_s, total_s_median (whole plan_epoch, decision records
-included), objective, lp_bound, gap (fraction), greedy_objective,
+included), objective, lp_bound, gap (fraction) of the last run (`objective_all` and
+`default_path_gap_vs_proven_bound_all`: every run's; the time boxes can make runs of one
+batch differ), greedy_objective,
 traditional_objective, plus unplaced counts and placed-cost of each policy and
 how much below greedy the LP lands. The lp rows run the default PlannerConfig,
 the one the live broker and the twin use. Against the untimed reference
@@ -253,13 +255,15 @@ def warm_up(catalog: Catalog, config: PlannerConfig, say: Callable[[str], None])
 
 def _timed(snap: FederationSnapshot, action: PolicyAction, config: PlannerConfig,
            repeats: int, say: Callable[[str], None], label: str
-           ) -> tuple[EpochPlan, list[float], list[float], list[float], list[float]]:
-    """The last plan; wall seconds of every run, then the build, solve and CPU seconds.
+           ) -> tuple[EpochPlan, list[float], list[float], list[float], list[float],
+                      list[float]]:
+    """The last plan; wall seconds of every run, then the build, solve and CPU seconds and
+    the objectives (the time boxes can make runs of the same batch differ).
 
     CPU seconds (the process's, all threads) beside the wall clock: on a machine shared
     with other work, wall time also counts the time the run waited for a core.
     """
-    totals, builds, solves, cpus = [], [], [], []
+    totals, builds, solves, cpus, objectives = [], [], [], [], []
     plan: EpochPlan | None = None
     for k in range(max(1, repeats)):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -268,11 +272,12 @@ def _timed(snap: FederationSnapshot, action: PolicyAction, config: PlannerConfig
         cpus.append(time.process_time() - c0)
         builds.append(plan.stats.build_s)
         solves.append(plan.stats.solve_s)
+        objectives.append(plan.stats.objective)
         say(f"{label} run {k + 1}/{max(1, repeats)}: {totals[-1]:.2f} s, cpu {cpus[-1]:.2f} s "
             f"(objective {plan.stats.objective:,.2f}, source {plan.stats.source})")
     if plan is None:  # pragma: no cover - repeats >= 1
         raise RuntimeError("no plan")
-    return plan, totals, builds, solves, cpus
+    return plan, totals, builds, solves, cpus, objectives
 
 
 def run_size(catalog: Catalog, size: str, *, repeats: int, seed: int,
@@ -286,12 +291,12 @@ def run_size(catalog: Catalog, size: str, *, repeats: int, seed: int,
     say(f"{size}: generating")
     snap = generate(catalog, n_w, n_o, seed=seed)
     action = PolicyAction()
-    plan, totals, builds, solves, cpus = _timed(snap, action, config, repeats, say,
+    plan, totals, builds, solves, cpus, objectives = _timed(snap, action, config, repeats, say,
                                                 f"{size}: default path")
     st = plan.stats
     if st.mip_used:  # else the run without the MIP stage is the default path itself
-        fast, fast_totals, _, _, _ = _timed(snap, action, dataclasses.replace(config, mip_gap=1.0),
-                                         repeats, say, f"{size}: without the MIP stage")
+        fast, fast_totals, *_ = _timed(snap, action, dataclasses.replace(config, mip_gap=1.0),
+                                       repeats, say, f"{size}: without the MIP stage")
     else:
         fast, fast_totals = plan, totals
     mip_s = proven_mip_s if n_w <= proven_max_workloads else 0.0
@@ -338,6 +343,10 @@ def run_size(catalog: Catalog, size: str, *, repeats: int, seed: int,
         "proven_mip_status": ref.mip_status,
         "pricing_converged_for_reference": ref.pricing_converged,
         "default_path_gap_vs_proven_bound": gap_to(ref.proven_bound),
+        # Every timed run's objective and gap (the keys above are the last run's).
+        "objective_all": [round(x, 2) for x in objectives],
+        "default_path_gap_vs_proven_bound_all": [gap_to(ref.proven_bound, x)
+                                                 for x in objectives],
         "pricing_rounds": st.pricing_rounds,
         "heuristic_objective": round(st.heuristic_objective or 0.0, 2),
         "no_mip": {

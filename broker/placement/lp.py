@@ -110,6 +110,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -338,7 +339,8 @@ def solve_relaxation(model: Model, *, time_limit_s: float) -> Relaxation:
 
 def solve_mip(model: Model, start: FloatArray | None, *, time_limit_s: float,
               mip_gap: float, max_nodes: int | None = None,
-              substitute_fixed: bool = False) -> MipResult:
+              substitute_fixed: bool = False,
+              options: Mapping[str, bool | int | float] | None = None) -> MipResult:
     """Time-boxed MIP, warm-started; reports the dual bound so the gap is honest.
 
     `max_nodes` caps branch-and-bound nodes (status "work_limit" when it stops there): with
@@ -346,7 +348,7 @@ def solve_mip(model: Model, start: FloatArray | None, *, time_limit_s: float,
     `substitute_fixed` (the neighbourhood MIP, `fix_outside`): HiGHS gets only the columns
     with lo < hi, the fixed ones moved into the row bounds (and their cost into a constant),
     so it neither reads nor presolves the ~95 % of the model that cannot move; x, objective
-    and bound come back for the whole model.
+    and bound come back for the whole model. `options`: more HiGHS options, by name.
     """
     t0 = time.perf_counter()
     free: IntArray | None = None
@@ -354,12 +356,15 @@ def solve_mip(model: Model, start: FloatArray | None, *, time_limit_s: float,
     if substitute_fixed:
         free = np.flatnonzero(model.col_lo != model.col_hi)
         sub, const = _without_fixed(model, free)
+    import highspy
+
     h = _highs(sub, integer=True, time_limit_s=time_limit_s, mip_gap=mip_gap)
     if max_nodes is not None:
         h.setOptionValue("mip_max_nodes", int(max_nodes))  # type: ignore[attr-defined]
+    for name, value in (options or {}).items():
+        if h.setOptionValue(name, value) != highspy.HighsStatus.kOk:  # type: ignore[attr-defined]
+            raise SolverError(f"HiGHS rejected the option {name}={value!r}")
     if start is not None:
-        import highspy
-
         sol = highspy.HighsSolution()
         sol.col_value = list(start if free is None else start[free])
         h.setSolution(sol)  # type: ignore[attr-defined]

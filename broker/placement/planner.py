@@ -100,13 +100,23 @@ FULL_NODE_POLICIES = ("traditional", "karpenter")
 # fewer still): every workload that needs GPUs gets all its feasible options as columns
 # (pricing.with_gpu_columns), and the neighbourhood MIP frees that whole family (every GPU
 # job, and whatever else is unplaced: _family) instead of the unplaced and their neighbours,
-# in a box that runs until FAMILY_TIME_FRAC x time_limit_s (45 s by default) after plan_epoch
+# in a box that runs until FAMILY_TIME_FRAC x time_limit_s (55 s by default) after plan_epoch
 # began, and at least the neighbourhood's own box. At 20000x2000 the rounding leaves ~45,000
 # USD of GPU jobs' penalties above the LP's that single moves do not recover, and the
-# family's MIP (~48,000 free columns) takes 15-25 s. Constants, not PlannerConfig fields:
+# family's MIP (~48,000 free columns) takes 12-25 s. Constants, not PlannerConfig fields:
 # recorded configs (pickled, positional) must keep loading.
 FAMILY_MIN_BATCH = 40
-FAMILY_TIME_FRAC = 9.0
+FAMILY_TIME_FRAC = 11.0
+# Pricing and the family MIP share that box: on a family batch a pricing round starts only
+# if it is expected to end FAMILY_MIP_RESERVE_FRAC x time_limit_s (17.5 s by default) before
+# the box does: the family MIP's time (~10.6 s at 20000x2000 seed 1, mip_stage's
+# FAMILY_HIGHS_OPTIONS; the sub-MIP that finds its plan does so near its end, so cut short it
+# returns nothing), the rounding before it (~2 s), and what a round takes beyond the last
+# solve that estimates it (reduced costs, the rebuild: ~1.5 s there). Otherwise pricing's
+# own box (pricing_time_frac x time_limit_s, 1.5 s) ends before the first solve of such a
+# batch does, and no column of the batch's own prices is ever added (docs/placement.md
+# section 7).
+FAMILY_MIP_RESERVE_FRAC = 3.5
 
 
 class PlannerError(ValueError):
@@ -426,13 +436,18 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
         obj = ledger.objective(pen)
         return ledger, SolveStats("optimal", obj, obj, 0.0, build_s, 0.0, source="empty"), \
             None, model
+    pricing_s = config.pricing_time_frac * config.time_limit_s
+    if family:
+        family_left_s = FAMILY_TIME_FRAC * config.time_limit_s - candidates_s \
+            - (time.perf_counter() - t0)
+        pricing_s = max(pricing_s,
+                        family_left_s - FAMILY_MIP_RESERVE_FRAC * config.time_limit_s)
     try:
         priced = pricing.generate(
             cs, pen, budgets, model, rounds=config.pricing_rounds,
             per_workload=config.pricing_columns,
             min_gain=config.pricing_min_gain,
-            budget_s=math.inf if config.deterministic
-            else config.pricing_time_frac * config.time_limit_s,
+            budget_s=math.inf if config.deterministic else pricing_s,
             lp_time_limit_s=max(config.lp_time_limit_s, config.safety_time_limit_s)
             if config.deterministic else config.lp_time_limit_s,
             resolve_dual=_seeded_batch(cs, config))

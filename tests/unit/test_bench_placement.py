@@ -29,6 +29,9 @@ def test_proven_bound_is_a_bound_and_the_gap_is_measured_against_it(catalog: Cat
         (row["objective"] - row["proven_bound"]) / row["proven_bound"], abs=1e-4)
     assert row["cpu_s_median"] > 0
     assert len(row["total_s_all"]) == 1
+    assert row["objective_all"] == [row["objective"]]
+    assert row["default_path_gap_vs_proven_bound_all"] == [
+        row["default_path_gap_vs_proven_bound"]]
     assert any("default path run 1/1" in m for m in said)
     assert any("reference bound" in m for m in said)
     # The packing model opens fewer nodes than the per-replica model on the same batch
@@ -108,3 +111,19 @@ def test_the_reference_seeding_changes_where_pricing_starts_not_the_bound(
                                  seed_sample=50, seed_columns=8)
     assert cut_seeded.lp_bound_full != pytest.approx(cut_plain.lp_bound_full, rel=1e-6)
     assert max(cut_plain.lp_bound_full, cut_seeded.lp_bound_full) <= plain.lp_bound_full + 1e-6
+
+
+def test_family_batches_price_inside_the_family_box(catalog: Catalog) -> None:
+    """On a batch decomposed by pool family (FAMILY_MIN_BATCH x seed_sample workloads: 80 and
+    more with a sample of 2) pricing shares the family MIP's box (planner.FAMILY_MIP_RESERVE_FRAC),
+    so it runs a round even where its own box (pricing_time_frac) is spent before the first
+    solve ends, as it is at 20000x2000; the same batch, not decomposed, prices nothing."""
+    from broker.domain import PolicyAction
+
+    snap = generate(catalog, 200, 40, seed=1)
+    family = plan_epoch(snap, PolicyAction(), PlannerConfig(seed_sample=2, pricing_time_frac=0.0,
+                                                            explain=False))
+    plain = plan_epoch(snap, PolicyAction(), PlannerConfig(seed_sample=1000,
+                                                           pricing_time_frac=0.0, explain=False))
+    assert family.stats.pricing_rounds >= 1
+    assert plain.stats.pricing_rounds == 0

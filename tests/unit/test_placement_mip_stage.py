@@ -172,6 +172,21 @@ def test_the_gpu_family_frees_jobs_that_share_a_quota_with_the_unplaced() -> Non
     assert on == {"pa2": 0, "pb": 1}
 
 
+def test_the_family_mip_options_are_highs_options_and_a_typo_is_an_error() -> None:
+    """mip_stage.FAMILY_HIGHS_OPTIONS reach HiGHS by name (a renamed option would otherwise
+    be dropped without a word) and the quota-coupled family MIP solves the same with them."""
+    model, _pen, start, ledger = _quota_coupled()
+    sub = lp.fix_outside(model, start, mip_stage.family(ledger.cs, model, start))
+    tuned = lp.solve_mip(sub, start, time_limit_s=10.0, mip_gap=0.0, substitute_fixed=True,
+                         options=mip_stage.FAMILY_HIGHS_OPTIONS)
+    plain = lp.solve_mip(sub, start, time_limit_s=10.0, mip_gap=0.0, substitute_fixed=True)
+    assert tuned.objective is not None
+    assert tuned.objective == pytest.approx(plain.objective)
+    with pytest.raises(lp.SolverError, match="mip_heuristic_run_root_reduced_costs"):
+        lp.solve_mip(sub, start, time_limit_s=10.0, mip_gap=0.0,
+                     options={"mip_heuristic_run_root_reduced_costs": False})
+
+
 def test_gpu_jobs_get_every_feasible_option_as_a_column() -> None:
     """pricing.with_gpu_columns (the GPU family's columns): the GPU job gets all three GPU
     pools of its model, cheapest first; the CPU service keeps its k = 1."""
