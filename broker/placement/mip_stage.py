@@ -12,7 +12,9 @@ neighbourhood search), either the unplaced workloads and those placed on their o
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,8 +35,8 @@ if TYPE_CHECKING:  # planner imports this module; the config is only a type here
 # to objectives within 0.003 % (873,184.72 vs 873,184.70; 998,598.31 vs 998,590.50; the
 # start). The smaller MIPs (whole, neighbourhood) keep HiGHS's defaults: the twin plans with
 # them, and what the option does there is not measured.
-FAMILY_HIGHS_OPTIONS: dict[str, bool | int | float] = {
-    "mip_heuristic_run_root_reduced_cost": False}
+FAMILY_HIGHS_OPTIONS: Mapping[str, bool | int | float] = MappingProxyType({
+    "mip_heuristic_run_root_reduced_cost": False})
 
 
 @dataclass(frozen=True, slots=True)

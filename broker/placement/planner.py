@@ -438,10 +438,8 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
             None, model
     pricing_s = config.pricing_time_frac * config.time_limit_s
     if family:
-        family_left_s = FAMILY_TIME_FRAC * config.time_limit_s - candidates_s \
-            - (time.perf_counter() - t0)
-        pricing_s = max(pricing_s,
-                        family_left_s - FAMILY_MIP_RESERVE_FRAC * config.time_limit_s)
+        pricing_s = max(pricing_s, _family_left_s(config, candidates_s, t0)
+                        - FAMILY_MIP_RESERVE_FRAC * config.time_limit_s)
     try:
         priced = pricing.generate(
             cs, pen, budgets, model, rounds=config.pricing_rounds,
@@ -477,8 +475,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
     left_s = config.safety_time_limit_s if config.deterministic else \
         config.time_limit_s - (time.perf_counter() - t1)
     if mip_runs:
-        family_s = FAMILY_TIME_FRAC * config.time_limit_s - candidates_s \
-            - (time.perf_counter() - t0) if family else None
+        family_s = _family_left_s(config, candidates_s, t0) if family else None
         mip = mip_stage.run(cs, snapshot, model, best, pen, budgets, config, left_s,
                             family_s=family_s)
         if mip is not None:
@@ -508,6 +505,12 @@ def _seeded_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
     rounded GPU family first (no guided greedy) and re-priced with dual simplex."""
     return pricing.seeds(len(cs.workloads), sample=config.seed_sample,
                          per_workload=config.seed_columns)
+
+
+def _family_left_s(config: PlannerConfig, candidates_s: float, t0: float) -> float:
+    """Seconds left of the family box (FAMILY_TIME_FRAC x time_limit_s after plan_epoch
+    began: `candidates_s` before `t0`, the clock since)."""
+    return FAMILY_TIME_FRAC * config.time_limit_s - candidates_s - (time.perf_counter() - t0)
 
 
 def _family_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
