@@ -111,8 +111,9 @@ FAMILY_TIME_FRAC = 11.0
 # if it is expected to end FAMILY_MIP_RESERVE_FRAC x time_limit_s (17.5 s by default) before
 # the box does: the family MIP's time (~10.6 s at 20000x2000 seed 1, mip_stage's
 # FAMILY_HIGHS_OPTIONS; the sub-MIP that finds its plan does so near its end, so cut short it
-# returns nothing), the rounding before it (~2 s), and what a round takes beyond the last
-# solve that estimates it (reduced costs, the rebuild: ~1.5 s there). Otherwise pricing's
+# returns nothing), the rounding before it (~2 s), and what the first round takes beyond the
+# first solve that estimates it (reduced costs, the rebuild: ~1.5 s there; later rounds are
+# estimated by the whole round before them, pricing.generate). Otherwise pricing's
 # own box (pricing_time_frac x time_limit_s, 1.5 s) ends before the first solve of such a
 # batch does, and no column of the batch's own prices is ever added (docs/placement.md
 # section 7).

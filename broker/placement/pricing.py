@@ -128,9 +128,13 @@ def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
     (5000x500) and dual simplex re-solved it ~0.9 s faster (seeds 1-3), 20000x2000 7.7 s
     instead of ~31 s CPU. It ends on another vertex of the same LP optimum.
 
-    `budget_s` bounds pricing's end, not only its start: a round starts only if one more
-    solve, taking as long as the last one, ends inside it (5000x500: the first solve ended
-    at ~1.3 s of the 1.5 s box, and the round started after it took ~1.1 s more).
+    `budget_s` bounds pricing's end, not only its start: a round starts only if it ends
+    inside it when it takes as long as the last round did (reduced costs, new columns and
+    re-solve; before the first round, the first solve). 5000x500: the first solve ended at
+    ~1.3 s of the 1.5 s box, and the round started after it took ~1.1 s more. 20000x2000: a
+    round took ~10 s where its re-solve alone took ~7.3 s, and a second round estimated from
+    the re-solve alone started and cut the family MIP's box short (planner.py,
+    FAMILY_MIP_RESERVE_FRAC).
     """
     t0 = time.perf_counter()
     h: Any = lp.new_highs(model, time_limit_s=lp_time_limit_s)
@@ -145,10 +149,11 @@ def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
     done = 0
     converged = False
     view = model
-    last_s = time.perf_counter() - t0  # what the last solve took: the next round's estimate
+    last_s = time.perf_counter() - t0  # the first solve, then the last round: the estimate
     for _ in range(rounds):
         if time.perf_counter() - t0 + last_s > budget_s:
             break
+        t_round = time.perf_counter()
         rc = lp.reduced_costs(cs, view, relax)
         pairs = _new_pairs(cs, rc, in_model, per_workload)
         if not pairs:
@@ -161,7 +166,6 @@ def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
             x_w.append(w)
             x_o.append(o)
             in_model.add((w, o))
-        t_round = time.perf_counter()
         relax = lp.run_relaxation(h, model, t0, n_extra=len(x_w) - model.n_x)
         last_s = time.perf_counter() - t_round
         view = dataclasses.replace(model, x_w=np.array(x_w, dtype=np.int64),
