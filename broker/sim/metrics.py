@@ -40,6 +40,12 @@ Formulas (also in docs/twin.md):
   unplaced for hours and looked 30 % cheaper than lp while serving a third less.
 - queued_replica_h = integral(replicas waiting for placement) / 3600, jobs and services alike:
   work a policy has not started, which cost_usd does not see.
+- unfinished_gpu_h: GPU-hours of training work, at the trace's (reference-hardware) run
+  time, that the run had not done by the horizon: a GPU train job never started counts its
+  whole run x its GPUs, one stopped counts what its last checkpoint did not keep, one running
+  what its placement-dependent run (placement/training.py) still had to go. cost_usd stops
+  billing at the horizon, so a policy that runs jobs on slower GPUs, or starts them later,
+  pays less inside the horizon for less work done; this is that work (lower is better).
 - unplaced: workloads with replicas still pending at the horizon that a planning epoch left
   pending: an epoch ran after they last joined the queue (`WorkloadState.queued_for_epoch`).
   Replicas the horizon's own epoch evicts (a drain, a consolidation) would be placed at the
@@ -76,7 +82,7 @@ METRIC_KEYS = (
     "utilization_cpu", "utilization_gpu", "cost_usd", "scale_out_response_s_p50",
     "scale_out_response_s_p95", "cross_zone_traffic_frac", "gpu_job_start_s_p50",
     "gpu_util_std", "speedup_8gpu", "slo_violation_frac", "unplaced", "queued_replica_h",
-    "decision_ms_p99",
+    "unfinished_gpu_h", "decision_ms_p99",
 )
 
 
@@ -300,6 +306,21 @@ class Metrics:
                 gpu.append(horizon - ws.ev.submit_s)
         return scale, gpu
 
+    def unfinished_gpu_h(self) -> float:
+        """Reference GPU-hours of training work not done by the horizon (module docstring)."""
+        horizon = self.engine.scenario.horizon_s
+        left_h = 0.0
+        for ws in self.engine.workloads.values():
+            ev = ws.ev
+            if ws.finished or ev.kind != "train" or ev.gpu <= 0:
+                continue
+            done = ws.done_frac
+            if ws.run_from_s is not None and ws.run_full_s > 0:
+                done += max(0.0, horizon - ws.run_from_s) / ws.run_full_s
+            left_h += max(0.0, 1.0 - done) * (ev.duration_s or 0.0) / 3600.0 \
+                * ev.gpu * ev.replicas
+        return left_h
+
     def result(self) -> dict[str, object]:
         eng = self.engine
         scale, gpu = self.censored()
@@ -326,5 +347,6 @@ class Metrics:
                                       if self.slo_target_s else 0.0, 5),
             "unplaced": unplaced,
             "queued_replica_h": round(self.queue_replica_s / 3600.0, 2),
+            "unfinished_gpu_h": round(self.unfinished_gpu_h(), 2),
             "decision_ms_p99": rnd(physics.percentile(self.decision_ms, 99), 2),
         }

@@ -51,6 +51,29 @@ def test_a_job_on_a_slower_gpu_model_holds_its_gpu_longer() -> None:
     assert e_t4_long.workloads["t"].finished  # and done well inside 3,600 s
 
 
+def test_work_left_at_the_horizon_is_counted_where_cost_stops_billing() -> None:
+    # cost_usd stops at the horizon, so a job left running on a slow GPU was billed less
+    # than the same work done on a fast one: `unfinished_gpu_h` reports what is left. The
+    # 600 s reference job is done on the A100 inside 1,200 s; on the T4 it runs 2,880 s, so
+    # at 1,200 s it still has (1 - (1,200 - start) / 2,880) of its 600 s x 1 GPU to go; a
+    # job of 2 replicas x 8 GPUs, which no 4-GPU node holds, never starts: its whole run.
+    m_a100, _ = run(scenario(_gpu_doc("gpu8", 1, 1200.0), "t,0,train,1,8,32,1,600,,,0,,0\n"))
+    m_t4, e_t4 = run(scenario(_gpu_doc("gpu4pcie", 1, 1200.0),
+                              "t,0,train,1,8,32,1,600,,,0,,0\n"
+                              "big,0,train,2,8,32,8,900,,,0,,0\n"))
+    ws, big = e_t4.workloads["t"], e_t4.workloads["big"].ev
+    assert ws.run_from_s is not None
+    assert not ws.finished
+    assert ws.ev.duration_s is not None
+    ran = (1200.0 - ws.run_from_s) / ws.run_full_s
+    assert 0.0 < ran < 1.0
+    assert not e_t4.workloads["big"].ever_started
+    assert big.duration_s is not None
+    assert m_a100["unfinished_gpu_h"] == 0.0
+    assert m_t4["unfinished_gpu_h"] == pytest.approx(round(
+        (1.0 - ran) * ws.ev.duration_s / 3600.0 + 2 * 8 * big.duration_s / 3600.0, 2))
+
+
 def test_rdma_beats_tcp_and_one_zone_beats_two() -> None:
     from broker.placement import training
 
