@@ -19,8 +19,10 @@ from broker.domain import (
     Toleration,
     WorkloadKind,
 )
+from broker.placement.candidates import CandidateSet, build_candidates
 from broker.placement.explain import whatif
 from broker.placement.ledger import Ledger, penalties
+from broker.placement.lp import Model
 from broker.placement.planner import PlannerConfig, PlannerError, plan_epoch
 
 from .placement_world import federation, pool, snapshot, workload
@@ -300,36 +302,49 @@ def test_column_generation_recovers_the_unpruned_lp_bound() -> None:
     assert (residual >= dual.model.row_lo - 1e-6).all()
 
 
-def test_pricing_starts_no_round_its_time_box_cannot_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A round is started only if the last solve's time still fits the box: at 5000x500
-    the first solve took 1.3 s of the 1.5 s box and the round after it another 1.1 s."""
+class _TickClock:
+    """Stands in for `time` in pricing.py: every reading is one second after the one before."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def _pricing_batch() -> tuple[CandidateSet, np.ndarray, Model]:
+    """40 CPU workloads pruned to one option each (k=1), so pricing has rounds to run."""
     from broker.placement import lp as lp_mod
-    from broker.placement import pricing
-    from broker.placement.candidates import build_candidates
-    from broker.placement.ledger import penalties
 
     ws = tuple(workload(f"w{i}", replicas=2, cpu=2, mem=4) for i in range(40))
     cs = build_candidates(snapshot(ws), ACTION, k=1, service_horizon_h=1.0)
     pen = penalties(cs, 1000.0)
-    model = lp_mod.build(cs, pen, {})
+    return cs, pen, lp_mod.build(cs, pen, {})
 
-    class Clock:  # every reading of the clock is one second after the one before
-        now = 0.0
 
-        def perf_counter(self) -> float:
-            self.now += 1.0
-            return self.now
+def _rounds(batch: tuple[CandidateSet, np.ndarray, Model], per_workload: int,
+            budget_s: float) -> int:
+    """The pricing rounds `pricing.generate` runs on `batch` in `budget_s`."""
+    from broker.placement import pricing
 
-    monkeypatch.setattr(pricing, "time", Clock())
+    cs, pen, model = batch
+    return pricing.generate(cs, pen, {}, model, rounds=10, per_workload=per_workload,
+                            min_gain=0.0, budget_s=budget_s, lp_time_limit_s=60.0).rounds
+
+
+def test_pricing_starts_no_round_its_time_box_cannot_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round is started only if the last solve's time still fits the box: at 5000x500
+    the first solve took 1.3 s of the 1.5 s box and the round after it another 1.1 s."""
+    from broker.placement import pricing
+
+    batch = _pricing_batch()
+    monkeypatch.setattr(pricing, "time", _TickClock())
     # The first solve "took" 1 s and 2 s of the box's 2.5 are gone: one more solve would
     # end past it, so no round starts (before, one started since 2 s < 2.5 s).
-    boxed = pricing.generate(cs, pen, {}, model, rounds=10, per_workload=4, min_gain=0.0,
-                             budget_s=2.5, lp_time_limit_s=60.0)
-    assert boxed.rounds == 0
+    assert _rounds(batch, 4, budget_s=2.5) == 0
     # With room for a round, rounds run (this batch needs them: k=1 prunes the pools).
-    roomy = pricing.generate(cs, pen, {}, model, rounds=10, per_workload=4, min_gain=0.0,
-                             budget_s=1000.0, lp_time_limit_s=60.0)
-    assert roomy.rounds >= 1
+    assert _rounds(batch, 4, budget_s=1000.0) >= 1
 
 
 def test_a_round_is_estimated_by_the_whole_last_round_not_its_solve_alone(
@@ -339,22 +354,9 @@ def test_a_round_is_estimated_by_the_whole_last_round_not_its_solve_alone(
     the re-solve alone let start cut the family MIP's box short (3.86 % instead of 2.73 %)."""
     from broker.placement import lp as lp_mod
     from broker.placement import pricing
-    from broker.placement.candidates import build_candidates
-    from broker.placement.ledger import penalties
 
-    ws = tuple(workload(f"w{i}", replicas=2, cpu=2, mem=4) for i in range(40))
-    cs = build_candidates(snapshot(ws), ACTION, k=1, service_horizon_h=1.0)
-    pen = penalties(cs, 1000.0)
-    model = lp_mod.build(cs, pen, {})
-
-    class Clock:  # every reading is one second after the one before; reduced costs take 5
-        now = 0.0
-
-        def perf_counter(self) -> float:
-            self.now += 1.0
-            return self.now
-
-    clock = Clock()
+    batch = _pricing_batch()
+    clock = _TickClock()  # and reduced costs take 5 s more
     reduced_costs = lp_mod.reduced_costs
 
     def slow_reduced_costs(*args: object, **kwargs: object) -> np.ndarray:
@@ -366,12 +368,8 @@ def test_a_round_is_estimated_by_the_whole_last_round_not_its_solve_alone(
     # First solve 1 s; round 1 starts at 2 s (2 + 1 <= 12) and takes 6 s (5 of reduced
     # costs); at 10 s a second round estimated at 6 s would end past 12 (estimated from its
     # re-solve alone, 1 s, it started).
-    boxed = pricing.generate(cs, pen, {}, model, rounds=10, per_workload=1, min_gain=0.0,
-                             budget_s=12.0, lp_time_limit_s=60.0)
-    assert boxed.rounds == 1
-    roomy = pricing.generate(cs, pen, {}, model, rounds=10, per_workload=1, min_gain=0.0,
-                             budget_s=1000.0, lp_time_limit_s=60.0)
-    assert roomy.rounds >= 2
+    assert _rounds(batch, 1, budget_s=12.0) == 1
+    assert _rounds(batch, 1, budget_s=1000.0) >= 2
 
 
 def test_the_lagrangian_bound_waits_for_a_mip_that_runs_anyway(
