@@ -46,6 +46,13 @@ Formulas (also in docs/twin.md):
   what its placement-dependent run (placement/training.py) still had to go. cost_usd stops
   billing at the horizon, so a policy that runs jobs on slower GPUs, or starts them later,
   pays less inside the horizon for less work done; this is that work (lower is better).
+- cost_with_unfinished_usd = cost_usd + unfinished_gpu_h x the scenario's cheapest list price
+  of one reference-GPU-hour of training on a cloud on-demand pool: min over its cloud GPU
+  pools that are not spot of price_usd_per_hour / (GPUs per node x gpu_throughput of the
+  model) (placement/training.py; the scenario's list price, before any price event). What
+  finishing the work left at the horizon would cost at least, so a policy that leaves more
+  of it does not look cheaper for that (a lower bound: it ignores multi-GPU slowdowns and
+  any wait); cost_usd where the scenario has no such pool.
 - unplaced: workloads with replicas still pending at the horizon that a planning epoch left
   pending: an epoch ran after they last joined the queue (`WorkloadState.queued_for_epoch`).
   Replicas the horizon's own epoch evicts (a drain, a consolidation) would be placed at the
@@ -67,7 +74,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from broker.placement import queueing
+from broker.placement import queueing, training
 from broker.sim import physics
 from broker.sim.state import Group, Node, SimPool, WorkloadState
 
@@ -82,7 +89,7 @@ METRIC_KEYS = (
     "utilization_cpu", "utilization_gpu", "cost_usd", "scale_out_response_s_p50",
     "scale_out_response_s_p95", "cross_zone_traffic_frac", "gpu_job_start_s_p50",
     "gpu_util_std", "speedup_8gpu", "slo_violation_frac", "unplaced", "queued_replica_h",
-    "unfinished_gpu_h", "decision_ms_p99",
+    "unfinished_gpu_h", "cost_with_unfinished_usd", "decision_ms_p99",
 )
 
 
@@ -321,6 +328,14 @@ class Metrics:
                 * ev.gpu * ev.replicas
         return left_h
 
+    def reference_gpu_hour_usd(self) -> float | None:
+        """The cheapest on-demand list price of a reference-GPU-hour among the scenario's
+        cloud GPU pools (module docstring); None without one."""
+        prices = [p.price_usd_per_hour / (p.node.gpu * training.gpu_throughput(p.gpu_model))
+                  for c in self.engine.scenario.clusters if not c.fixed
+                  for p in c.pools if p.node.gpu > 0 and not p.spot]
+        return min(prices) if prices else None
+
     def result(self) -> dict[str, object]:
         eng = self.engine
         scale, gpu = self.censored()
@@ -328,6 +343,7 @@ class Metrics:
         def rnd(x: float | None, nd: int = 4) -> float | None:
             return None if x is None else round(x, nd)
 
+        unfinished_h, gpu_h_usd = self.unfinished_gpu_h(), self.reference_gpu_hour_usd()
         unplaced = sum(1 for ws in eng.workloads.values()
                        if ws.pending > 0 and not ws.finished
                        and eng.epochs_run >= ws.queued_for_epoch)
@@ -347,6 +363,8 @@ class Metrics:
                                       if self.slo_target_s else 0.0, 5),
             "unplaced": unplaced,
             "queued_replica_h": round(self.queue_replica_s / 3600.0, 2),
-            "unfinished_gpu_h": round(self.unfinished_gpu_h(), 2),
+            "unfinished_gpu_h": round(unfinished_h, 2),
+            "cost_with_unfinished_usd": round(self.cost_usd + self.egress_usd
+                                              + unfinished_h * (gpu_h_usd or 0.0), 2),
             "decision_ms_p99": rnd(physics.percentile(self.decision_ms, 99), 2),
         }

@@ -52,6 +52,8 @@ def test_a_job_on_a_slower_gpu_model_holds_its_gpu_longer() -> None:
 
 
 def test_work_left_at_the_horizon_is_counted_where_cost_stops_billing() -> None:
+    from broker.placement import training
+
     # cost_usd stops at the horizon, so a job left running on a slow GPU was billed less
     # than the same work done on a fast one: `unfinished_gpu_h` reports what is left. The
     # 600 s reference job is done on the A100 inside 1,200 s; on the T4 it runs 2,880 s, so
@@ -72,6 +74,16 @@ def test_work_left_at_the_horizon_is_counted_where_cost_stops_billing() -> None:
     assert m_a100["unfinished_gpu_h"] == 0.0
     assert m_t4["unfinished_gpu_h"] == pytest.approx(round(
         (1.0 - ran) * ws.ev.duration_s / 3600.0 + 2 * 8 * big.duration_s / 3600.0, 2))
+    # cost_with_unfinished_usd prices that work at the scenario's cheapest on-demand
+    # reference-GPU-hour: here its one pool's node price / (4 GPUs x the T4's throughput).
+    pool = e_t4.clusters["c1"].pools[0].spec
+    assert pool.gpu_model == "T4"
+    assert not pool.spot
+    per_h = pool.price_usd_per_hour / (4 * training.gpu_throughput("T4"))
+    assert per_h > pool.price_usd_per_hour / 4  # a T4-hour is less than an A100-hour of work
+    assert m_t4["cost_with_unfinished_usd"] == pytest.approx(
+        m_t4["cost_usd"] + m_t4["unfinished_gpu_h"] * per_h, abs=0.05)
+    assert m_a100["cost_with_unfinished_usd"] == m_a100["cost_usd"]
 
 
 def test_rdma_beats_tcp_and_one_zone_beats_two() -> None:
