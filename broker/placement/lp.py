@@ -100,7 +100,8 @@ Solving strategy
 
 PuLP is the solver-agnostic back-end (`solver="pulp-cbc" | "pulp-glpk" |
 "pulp-highs" | "pulp-gurobi" | "pulp-cplex"`, and `lp_path` writes the model as
-an LP file for debugging); it solves the same matrix.
+an LP file for debugging); it solves the same matrix, and its plan gets the same local
+moves (planner.polish).
 """
 
 from __future__ import annotations

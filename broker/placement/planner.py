@@ -530,9 +530,8 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     - "guided": LP-guided greedy (most valuable, least flexible first), on batches too small
       to be seeded (pricing.seeds);
     - "greedy": the greedy incumbent (so the LP is never worse than greedy);
-    then rounding.improve's ejection moves for what is still unplaced ("+moves" in the
-    source when any was kept) and rounding.close_nodes' node-closing moves ("+packed");
-    both only lower the objective.
+    then polish's local moves ("+moves", "+packed", "+merged" in the source when any was
+    kept), which only lower the objective.
     """
     tries: list[tuple[Ledger, str]] = []
     floor = Ledger(cs, snapshot)
@@ -553,6 +552,16 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     if g is not None:
         tries.append((g, "greedy"))
     best, source = min(tries, key=lambda t: t[0].objective(pen))
+    source += polish(best, pen, config, model)
+    return best, source, best.objective(pen)
+
+
+def polish(best: Ledger, pen: np.ndarray, config: PlannerConfig, model: lp.Model) -> str:
+    """The local moves after an integer plan, in place: rounding.improve's ejection moves
+    for what is still unplaced, then on models above mip_max_columns rounding.close_nodes'
+    node-closing moves and the merge moves (merge_splits). All only lower the objective.
+    Returns what to add to the plan's source: "+moves", "+packed", "+merged" for each kind
+    that kept a move. The rounding's plans and the PuLP back-end's get them alike."""
     # Models the whole MIP takes (mip_stage.run) get their packing from it; the moves
     # stand in for it where only a neighbourhood MIP runs.
     pack = model.cost.size > config.mip_max_columns
@@ -568,13 +577,7 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
         closed = rounding.close_nodes(best, pen, budget_s=close_s) \
             if pack and close_s > 0 else 0
     merged = merge_splits(best, pen, config, model)
-    if kept > 0:
-        source += "+moves"
-    if closed > 0:
-        source += "+packed"
-    if merged > 0:
-        source += "+merged"
-    return best, source, best.objective(pen)
+    return "+moves" * (kept > 0) + "+packed" * (closed > 0) + "+merged" * (merged > 0)
 
 
 def merge_splits(ledger: Ledger, pen: np.ndarray, config: PlannerConfig,

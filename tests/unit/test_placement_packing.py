@@ -156,6 +156,34 @@ def test_a_job_is_not_split_where_each_further_cluster_needs_its_own_copy_of_the
     assert not plan.unplaced
 
 
+def test_the_pulp_back_end_runs_the_moves_the_highs_path_runs_after_its_plan() -> None:
+    """The same split job through PuLP (CBC): its MIP prices the input as one shared copy,
+    so its plan splits the job 2 + 2 (1.8 USD against 1.5 at home). On a model above
+    mip_max_columns the HiGHS path merges it back (rounding.merge_splits); PuLP's plan got
+    no move at all before. No greedy incumbent here: it is whole at home and would hide it."""
+    from broker.domain import DataSource
+
+    clusters = (
+        Cluster(name="home", provider="aws", region="us-east-1",
+                pools=(pool("h", price=3.0, nodes=1, max_nodes=1),)),
+        Cluster(name="away", provider="gcp", region="us-central1",
+                pools=(pool("a", price=0.6, nodes=1, max_nodes=1,
+                            used=Resources(cpu=5.2, memory_gib=5.2)),)),
+    )
+    job = workload("j", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
+                   data=(DataSource(size_gb=10.0, location="home"),))
+    snap = snapshot((job,), clusters=clusters)
+    moves = dataclasses.replace(PACKING, greedy_incumbent=False, mip_max_columns=0)
+    plans = {solver: plan_epoch(snap, ACTION, dataclasses.replace(moves, solver=solver))
+             for solver in ("highs", "pulp-cbc")}
+    for solver, plan in plans.items():
+        [p] = plan.placements
+        assert {a.cluster: a.replicas for a in p.assignments} == {"home": 4}, solver
+        assert plan.stats.source.endswith("+merged"), solver
+    assert plans["pulp-cbc"].stats.source == "pulp+merged"
+    assert plans["pulp-cbc"].stats.objective == pytest.approx(plans["highs"].stats.objective)
+
+
 def _rounded(pending: tuple[Workload, ...], clusters: tuple[Cluster, ...],
              on: tuple[str, ...]) -> tuple[Ledger, np.ndarray, dict[str, int]]:
     """A ledger with workload i placed whole on cluster on[i], as a rounding might."""
