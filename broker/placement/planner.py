@@ -587,8 +587,9 @@ def merge_splits(ledger: Ledger, pen: np.ndarray, config: PlannerConfig,
     and the MIP price a workload's input as one copy shared by its replicas, so their plans
     split workloads over clusters that then each need the copy (measured in
     docs/placement.md, section 2 step 3: 1000x200 -0.15 %, 20000x2000 -0.06 to -0.09 %, a
-    few ms). Like the node-closing moves, only on models above mip_max_columns: the twin's
-    epochs (whole MIPs) are unchanged, and what the moves would do there is not measured."""
+    few ms). Like the node-closing moves, only on models above mip_max_columns: on the
+    smaller ones (the twin's epochs, whole MIPs) they were measured and not kept, with no
+    verdict over 72 held-out drafts (docs/placement.md, section 2 step 3)."""
     if model.cost.size <= config.mip_max_columns:
         return 0
     if config.deterministic:
