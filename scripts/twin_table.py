@@ -21,7 +21,7 @@ from pathlib import Path
 METRICS = ("cost_usd", "utilization_cpu", "utilization_gpu", "gpu_util_std", "speedup_8gpu",
            "gpu_job_start_s_p50", "scale_out_response_s_p50", "slo_violation_frac",
            "cross_zone_traffic_frac", "queued_replica_h", "unfinished_gpu_h",
-           "cost_with_unfinished_usd", "unplaced")
+           "cost_with_unfinished_usd", "user_rtt_ms_mean", "unplaced")
 
 
 def _cell(value: object, ci: object) -> str:

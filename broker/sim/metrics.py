@@ -53,6 +53,11 @@ Formulas (also in docs/twin.md):
   finishing the work left at the horizon would cost at least, so a policy that leaves more
   of it does not look cheaper for that (a lower bound: it ignores multi-GPU slowdowns and
   any wait); cost_usd where the scenario has no such pool.
+- user_rtt_ms_mean = integral(sum over running replicas of services with a user region of
+  RTT(user region, the replica's cluster)) / integral(those replicas), in ms (None without
+  such services; lower is better). slo_violation_frac sees latency only where a service
+  states an SLO; this is what every service's users wait on the network, so a policy that
+  serves users from a cheap region far away shows it here.
 - unplaced: workloads with replicas still pending at the horizon that a planning epoch left
   pending: an epoch ran after they last joined the queue (`WorkloadState.queued_for_epoch`).
   Replicas the horizon's own epoch evicts (a drain, a consolidation) would be placed at the
@@ -89,7 +94,7 @@ METRIC_KEYS = (
     "utilization_cpu", "utilization_gpu", "cost_usd", "scale_out_response_s_p50",
     "scale_out_response_s_p95", "cross_zone_traffic_frac", "gpu_job_start_s_p50",
     "gpu_util_std", "speedup_8gpu", "slo_violation_frac", "unplaced", "queued_replica_h",
-    "unfinished_gpu_h", "cost_with_unfinished_usd", "decision_ms_p99",
+    "unfinished_gpu_h", "cost_with_unfinished_usd", "user_rtt_ms_mean", "decision_ms_p99",
 )
 
 
@@ -110,6 +115,7 @@ class Metrics:
         self.traffic_rate = self.xz_rate = self.slo_target = self.slo_violation = 0.0
         self.traffic_gb = self.xz_gb = self.slo_target_s = self.slo_violation_s = 0.0
         self.queue_replica_s = 0.0
+        self.rtt_rate = self.rtt_replicas = self.rtt_ms_s = self.rtt_replica_s = 0.0
         self._pending_version = -1
         self._pending_cache = 0
         self.scale_out_s: list[float] = []
@@ -182,6 +188,8 @@ class Metrics:
         self.xz_gb += self.xz_rate * dt
         self.slo_target_s += self.slo_target * dt
         self.slo_violation_s += self.slo_violation * dt
+        self.rtt_ms_s += self.rtt_rate * dt
+        self.rtt_replica_s += self.rtt_replicas * dt
         if self.engine.pending:
             self.queue_replica_s += self._pending_replicas() * dt
 
@@ -208,8 +216,20 @@ class Metrics:
         self.xz_rate -= ws.xz_rate
         self.slo_target -= ws.slo_target
         self.slo_violation -= ws.slo_violation
+        self.rtt_rate -= ws.rtt_rate
+        self.rtt_replicas -= ws.rtt_replicas
         running = [g for g in ws.groups if g.running] if not ws.finished else []
         ws.traffic_rate, ws.xz_rate = self._service_traffic(ws, running)
+        ws.rtt_rate = ws.rtt_replicas = 0.0
+        if ws.ev.user_region:
+            rtt = self.engine.rtt
+            for g in running:
+                ms = rtt.get((ws.ev.user_region, g.cluster))
+                if ms is not None:  # a region the scenario does not place is not guessed
+                    ws.rtt_rate += g.count * ms
+                    ws.rtt_replicas += g.count
+        self.rtt_rate += ws.rtt_rate
+        self.rtt_replicas += ws.rtt_replicas
         ws.slo_target = ws.slo_violation = 0.0
         if not ws.finished:
             slo = ws.ev.latency_slo_ms
@@ -366,5 +386,7 @@ class Metrics:
             "unfinished_gpu_h": round(unfinished_h, 2),
             "cost_with_unfinished_usd": round(self.cost_usd + self.egress_usd
                                               + unfinished_h * (gpu_h_usd or 0.0), 2),
+            "user_rtt_ms_mean": round(self.rtt_ms_s / self.rtt_replica_s, 2)
+            if self.rtt_replica_s > 0 else None,
             "decision_ms_p99": rnd(physics.percentile(self.decision_ms, 99), 2),
         }

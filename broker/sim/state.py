@@ -482,6 +482,10 @@ class WorkloadState:
     traffic_rate: float = 0.0
     slo_target: float = 0.0
     slo_violation: float = 0.0
+    # Running replicas x RTT(user region, their cluster) in ms, and those replicas (a service
+    # with a user region; metrics.user_rtt_ms_mean).
+    rtt_rate: float = 0.0
+    rtt_replicas: float = 0.0
     # The workload the snapshot last showed and its (replicas, tries, tried_s) (sim/snapshot.py).
     as_workload: tuple[tuple[int, int, float], Workload] | None = None
     # Where it runs as the snapshot last showed it: its groups' (cluster, pool, count) and

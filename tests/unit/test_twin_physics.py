@@ -331,3 +331,49 @@ def test_a_reclaimed_job_resumes_from_its_last_checkpoint() -> None:
     assert ws.done_frac == pytest.approx(CHECKPOINT_INTERVAL_S / 7200.0)
     assert ws.finished  # 2,700 + ~100 boot + 5,400 < 8,400; from zero it would need 10,000
     assert not reclaimed(8100.0).workloads["j"].finished
+
+
+def _near_and_far(*, near_nodes: int, far_nodes: int) -> dict[str, object]:
+    """Cluster c1 where the users are (8.48 ms) and c2 on the far side of the world
+    (~308 ms), the same 4-vCPU nodes at the same price; c2 listed first."""
+    import copy
+
+    d = doc(horizon_s=1800.0, nodes=near_nodes, max_nodes=near_nodes)
+    clusters = d["clusters"]
+    assert isinstance(clusters, list)
+    far = copy.deepcopy(clusters[0])
+    far.update(name="c2", lat=-33.9, lon=151.2)
+    far["pools"][0].update(nodes=far_nodes, max_nodes=far_nodes)
+    clusters.insert(0, far)
+    return d
+
+
+def test_user_rtt_is_the_replica_time_weighted_rtt_from_the_users_to_where_replicas_run() -> None:
+    # Three 3-vCPU replicas, one node's room near the users and two far: whatever the
+    # policy, one replica serves from 8.48 ms and two from ~308 ms, all from the same epoch.
+    # A service without a user region counts nowhere; none at all gives None.
+    m, eng = run(scenario(_near_and_far(near_nodes=1, far_nodes=2),
+                          "s,0,service,3,3,1,0,,u,,0,,0\nt,0,service,1,0.5,0.5,0,,,,0,,0\n"))
+    assert sorted((g.cluster, g.count) for g in eng.workloads["s"].groups) == \
+        [("c1", 1), ("c2", 2)]
+    near, far = eng.rtt[("u", "c1")], eng.rtt[("u", "c2")]
+    assert far > 30 * near
+    assert m["user_rtt_ms_mean"] == pytest.approx((near + 2 * far) / 3, abs=0.01)
+    m, _ = run(scenario(_near_and_far(near_nodes=1, far_nodes=1),
+                        "t,0,service,1,0.5,0.5,0,,,,0,,0\n"))
+    assert m["user_rtt_ms_mean"] is None
+
+
+def test_user_rtt_tells_apart_policies_that_cost_and_violate_the_same() -> None:
+    # One replica and a paid node in each cluster: the seed's greedy takes the first of two
+    # equal prices (the far cluster), lp's latency weight keeps the users' cluster. Same cost,
+    # same SLO violations (the service states no SLO): only user_rtt_ms_mean differs.
+    scn = scenario(_near_and_far(near_nodes=1, far_nodes=1), "s,0,service,1,3,1,0,,u,,0,,0\n")
+    lp, e_lp = run(scn, "lp")
+    greedy, e_greedy = run(scn, "greedy")
+    assert [g.cluster for g in e_lp.workloads["s"].groups] == ["c1"]
+    assert [g.cluster for g in e_greedy.workloads["s"].groups] == ["c2"]
+    assert lp["cost_usd"] == greedy["cost_usd"]
+    assert lp["slo_violation_frac"] == greedy["slo_violation_frac"]
+    assert lp["user_rtt_ms_mean"] == pytest.approx(e_lp.rtt[("u", "c1")], abs=0.01)
+    assert greedy["user_rtt_ms_mean"] == pytest.approx(e_greedy.rtt[("u", "c2")], abs=0.01)
