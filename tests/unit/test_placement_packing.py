@@ -8,7 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from broker.domain import Cluster, PolicyAction, Resources, Workload, WorkloadKind
+from broker.domain import (
+    Cluster,
+    FederationSnapshot,
+    PolicyAction,
+    Resources,
+    Workload,
+    WorkloadKind,
+)
 from broker.placement import rounding
 from broker.placement.candidates import BILLING_MIN_S, NODE_BOOT_S, build_candidates
 from broker.placement.ledger import Ledger, penalties
@@ -133,12 +140,9 @@ def test_node_charge_counts_the_idle_timer_the_node_is_paid_for_after_its_work()
         0.30 * (NODE_BOOT_S + cfg.decisions.forecast_idle_s + 1800.0) / 3600.0)
 
 
-def test_a_job_is_not_split_where_each_further_cluster_needs_its_own_copy_of_the_data() -> None:
-    """Every cluster that runs a replica needs the whole input (the twin moves it to each).
-    The LP shares one copy's egress among the replicas, so 2 of 4 replicas in a remote
-    cluster with room for 2 looked cheaper (per replica 0.075 compute + 0.225 egress vs
-    0.375 at home) although the copy costs 0.90 whatever the replicas: 0.30 USD more than
-    keeping all four at home. The integer objective (Ledger.split_egress) counts the copy."""
+def _home_and_away() -> FederationSnapshot:
+    """A 4-replica job whose 10 GB input is at home (3.0 USD/h, a free node) and a cheaper
+    cluster away (0.6 USD/h) with room for 2 replicas."""
     from broker.domain import DataSource
 
     clusters = (
@@ -150,7 +154,16 @@ def test_a_job_is_not_split_where_each_further_cluster_needs_its_own_copy_of_the
     )
     job = workload("j", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
                    data=(DataSource(size_gb=10.0, location="home"),))
-    plan = plan_epoch(snapshot((job,), clusters=clusters), ACTION, PACKING, policy="lp")
+    return snapshot((job,), clusters=clusters)
+
+
+def test_a_job_is_not_split_where_each_further_cluster_needs_its_own_copy_of_the_data() -> None:
+    """Every cluster that runs a replica needs the whole input (the twin moves it to each).
+    The LP shares one copy's egress among the replicas, so 2 of 4 replicas in a remote
+    cluster with room for 2 looked cheaper (per replica 0.075 compute + 0.225 egress vs
+    0.375 at home) although the copy costs 0.90 whatever the replicas: 0.30 USD more than
+    keeping all four at home. The integer objective (Ledger.split_egress) counts the copy."""
+    plan = plan_epoch(_home_and_away(), ACTION, PACKING, policy="lp")
     [p] = plan.placements
     assert {a.cluster: a.replicas for a in p.assignments} == {"home": 4}
     assert not plan.unplaced
@@ -161,18 +174,7 @@ def test_the_pulp_back_end_runs_the_moves_the_highs_path_runs_after_its_plan() -
     so its plan splits the job 2 + 2 (1.8 USD against 1.5 at home). On a model above
     mip_max_columns the HiGHS path merges it back (rounding.merge_splits); PuLP's plan got
     no move at all before. No greedy incumbent here: it is whole at home and would hide it."""
-    from broker.domain import DataSource
-
-    clusters = (
-        Cluster(name="home", provider="aws", region="us-east-1",
-                pools=(pool("h", price=3.0, nodes=1, max_nodes=1),)),
-        Cluster(name="away", provider="gcp", region="us-central1",
-                pools=(pool("a", price=0.6, nodes=1, max_nodes=1,
-                            used=Resources(cpu=5.2, memory_gib=5.2)),)),
-    )
-    job = workload("j", kind=WorkloadKind.BATCH, replicas=4, duration_s=3600.0,
-                   data=(DataSource(size_gb=10.0, location="home"),))
-    snap = snapshot((job,), clusters=clusters)
+    snap = _home_and_away()
     moves = dataclasses.replace(PACKING, greedy_incumbent=False, mip_max_columns=0)
     plans = {solver: plan_epoch(snap, ACTION, dataclasses.replace(moves, solver=solver))
              for solver in ("highs", "pulp-cbc")}
