@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from broker.bench import api, chaos, e2e, failover, placement, twin
+from broker.bench import api, chaos, drafts, e2e, failover, placement, twin
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -17,5 +17,6 @@ api.register(app)
 placement.register(app)
 failover.register(app)
 twin.register(app)
+drafts.register(app)
 e2e.register(app)
 chaos.register(app)
