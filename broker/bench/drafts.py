@@ -59,7 +59,7 @@ def drafts(
     from broker.sim.runner import stdout_to_stderr
 
     names = _policies(policies, POLICIES)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     if len(names) < 2:
         err.print("[red]error:[/] --policies: give at least two (the first is compared "
                   "with the others)")
@@ -77,9 +77,13 @@ def drafts(
         if progress:
             err.print(f"{finished[0]}/{len(tasks)} runs", end="\r")
 
-    with stdout_to_stderr(as_json):
-        runs = sim_drafts.run_all(tasks, data, horizon_s=horizon_s, checkpoint=checkpoint,
-                                  jobs=jobs, done=done)
+    try:
+        with stdout_to_stderr(as_json):
+            runs = sim_drafts.run_all(tasks, data, horizon_s=horizon_s, checkpoint=checkpoint,
+                                      jobs=jobs, done=done)
+    except OSError as exc:  # a trace file missing or unreadable under --data
+        err.print(f"[red]error:[/] --data {data}: {exc}")
+        raise typer.Exit(code=2) from None
     if progress:
         err.print()
     table = sim_drafts.summarize(runs, names)

@@ -48,6 +48,12 @@ def test_bench_drafts_refuses_bad_input_naming_the_option(tmp_path: Path) -> Non
     assert out.returncode == 2
     assert "--data" in out.stderr
     assert "traces/" in out.stderr
+    (empty / "traces").mkdir()  # the layout, but not the files: the missing one is named
+    out = skyfed("bench", "drafts", "--data", str(empty), "--drafts", "1", "--jobs", "1")
+    assert out.returncode == 2
+    assert "--data" in out.stderr
+    assert "No such file" in out.stderr
+    assert "Traceback" not in out.stderr
     out = skyfed("bench", "drafts", "--data", str(empty), "--policies", "lp")
     assert out.returncode == 2
     assert "at least two" in out.stderr
