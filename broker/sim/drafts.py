@@ -3,9 +3,11 @@
 The shipped scenarios are four; the scheduler is judged on others. This runs each policy on
 `drafts` scenarios from tracedraft.trace_draft (random windows, scales and places of the real
 traces, never a window a shipped scenario replays), the kinds (tracedraft.KINDS) in turn, at
-seeds from `first_seed`: the default, HELD_OUT_FIRST_SEED, lies above every seed training
-(rollout.draw: below 2^30 but drawn at random, so a clash is possible yet as likely as any
-other seed) and the gate's held-out drafts (single digits to thousands) use.
+seeds from `first_seed`. The default, HELD_OUT_FIRST_SEED, is none the trainers' held-out
+sets use (es.held_out: 50,000,000 and up) nor the one-off checks of docs/twin.md (70,000,000
+and 80,000,000 up); training draws its seeds at random below 2^30 (rollout.draw), so 10^4
+episodes drew a given draft's seed with odds of about 1 in 10^5, and then with its own kind
+and horizon only by chance as well.
 
 Against the first policy, per kind and over all drafts (`paired`):
 - cost keys (RATIO_KEYS): 100 x log(first / other) per draft, so drafts whose costs differ by
