@@ -2,7 +2,7 @@
 
 `bench twin` varies a shipped scenario's random parts; this varies the scenario itself:
 `--drafts` scenarios drawn from the real traces (`--data`, the shared/data folder), none a
-window a shipped scenario replays, at seeds no training draws by default. The first policy
+window a shipped scenario replays, by default at seeds no held-out set uses. The first policy
 of `--policies` is compared with each other one, per kind and over all drafts.
 """
 

@@ -122,7 +122,7 @@ def summarize(runs: Sequence[DraftRun], policies: Sequence[str]
               ) -> dict[str, dict[str, dict[str, dict[str, float | int | None]]]]:
     """{other: {kind: {key: {mean, low, high, n, first_worse}}}} against policies[0];
     `first_worse`: drafts where the first policy's value is higher (worse: every key here is
-    lower-is-better); low/high None for n < 2, every field None for n = 0."""
+    lower-is-better); low/high None for n < 2, mean too for n = 0."""
     kinds = [k for k in KINDS if any(r.kind == k for r in runs)] + ["all"]
     first = policies[0]
     out: dict[str, dict[str, dict[str, dict[str, float | int | None]]]] = {}

@@ -363,6 +363,7 @@ class Metrics:
         def rnd(x: float | None, nd: int = 4) -> float | None:
             return None if x is None else round(x, nd)
 
+        cost = self.cost_usd + self.egress_usd
         unfinished_h, gpu_h_usd = self.unfinished_gpu_h(), self.reference_gpu_hour_usd()
         unplaced = sum(1 for ws in eng.workloads.values()
                        if ws.pending > 0 and not ws.finished
@@ -370,7 +371,7 @@ class Metrics:
         return {
             "utilization_cpu": rnd(self.cpu_used_s / self.cpu_prov_s if self.cpu_prov_s else None),
             "utilization_gpu": rnd(self.gpu_used_s / self.gpu_prov_s if self.gpu_prov_s else None),
-            "cost_usd": round(self.cost_usd + self.egress_usd, 2),
+            "cost_usd": round(cost, 2),
             "scale_out_response_s_p50": rnd(physics.percentile(scale, 50), 1),
             "scale_out_response_s_p95": rnd(physics.percentile(scale, 95), 1),
             "cross_zone_traffic_frac": rnd(self.xz_gb / self.traffic_gb if self.traffic_gb
@@ -384,8 +385,7 @@ class Metrics:
             "unplaced": unplaced,
             "queued_replica_h": round(self.queue_replica_s / 3600.0, 2),
             "unfinished_gpu_h": round(unfinished_h, 2),
-            "cost_with_unfinished_usd": round(self.cost_usd + self.egress_usd
-                                              + unfinished_h * (gpu_h_usd or 0.0), 2),
+            "cost_with_unfinished_usd": round(cost + unfinished_h * (gpu_h_usd or 0.0), 2),
             "user_rtt_ms_mean": round(self.rtt_ms_s / self.rtt_replica_s, 2)
             if self.rtt_replica_s > 0 else None,
             "decision_ms_p99": rnd(physics.percentile(self.decision_ms, 99), 2),
