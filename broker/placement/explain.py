@@ -93,6 +93,11 @@ def unplaced_reason(ledger: Ledger, w: int) -> str:
         return f"infeasible: no option passes every constraint of {seen} ({parts})"
     if cs.target(w):
         return _weighted_reason(ledger, w)
+    if w in ledger.released:
+        spec = cs.workloads[w].spec
+        return (f"slo: the {ledger.released[w]} replicas that fit would serve none inside its "
+                f"{spec.latency_slo_ms:g} ms SLO at its load (M/M/c waiting), so their room "
+                "went to work that serves; it stays pending")
     fams: dict[str, int] = {}
     for o in cs.cand[w]:
         fam = why_not(ledger, w, int(o))

@@ -142,6 +142,8 @@ class Ledger:
         self.clusters_of_w: list[dict[str, int]] = [{} for _ in cs.workloads]
         self.conflicts = conflicts(cs.workloads)
         self.node_usd = node_costs(cs)
+        # Workloads rounding.release_unserving took out, with the replicas they had placed.
+        self.released: dict[int, int] = {}
         # Python mirrors of what the per-replica paths read (see the class docstring).
         shared = len(cs.table.node_rows) == n_o  # the table's read-only rows
         self._node_l: Sequence[Sequence[float]] = cs.table.node_rows if shared \

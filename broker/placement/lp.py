@@ -97,6 +97,11 @@ Solving strategy
    row_lo - A_fix x_fix <= A_free x_free <= row_hi - A_fix x_fix); its
    solution is kept if cheaper. Because greedy is a candidate, the result is
    never worse than greedy's.
+5. On the plan kept, placements of latency-SLO services short of their asked replicas
+   that serve none under queueing give their room to workloads that then serve
+   (rounding.release_unserving; kept only where some other fill is: docs/placement.md
+   section 2 step 5). This objective, which prices every placed replica alike, may rise
+   by it (and so end above greedy's); `stats.objective` is the plan's after it.
 
 PuLP is the solver-agnostic back-end (`solver="pulp-cbc" | "pulp-glpk" |
 "pulp-highs" | "pulp-gurobi" | "pulp-cplex"`, and `lp_path` writes the model as

@@ -205,6 +205,10 @@ class PlannerConfig:
     packing: bool = True
     paid_cost_fraction: float = PAID_NODE_COST_FRACTION
     node_boot_s: float = NODE_BOOT_S
+    # Take out the plan's placements of latency-SLO services that are short of what they
+    # asked and serve none under queueing, and give their room to the rest
+    # (rounding.release_unserving; the lp policies only).
+    release_unserving: bool = True
     # The constants of the non-placement decisions (decisions.py, migrate.py).
     decisions: DecisionConfig = field(default_factory=DecisionConfig)
 
@@ -488,6 +492,8 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
             if mip.ledger is not None and mip_obj < best_obj - 1e-9:
                 best, source, best_obj = mip.ledger, mip_source, mip_obj
             status = mip.status if mip.status in ("time_limit", "work_limit") else status
+    if release(best, pen, snapshot, config):
+        best_obj, source = best.objective(pen), source + "+released"
     if bound is None:
         bound = min(relax.objective, lp.lagrangian_bound(cs, model, relax))
     best_bound = bound if mip_bound is None else max(bound, mip_bound)
@@ -578,6 +584,23 @@ def polish(best: Ledger, pen: np.ndarray, config: PlannerConfig, model: lp.Model
             if pack and close_s > 0 else 0
     merged = merge_splits(best, pen, config, model)
     return "+moves" * (kept > 0) + "+packed" * (closed > 0) + "+merged" * (merged > 0)
+
+
+def release(best: Ledger, pen: np.ndarray, snapshot: FederationSnapshot,
+            config: PlannerConfig) -> int:
+    """rounding.release_unserving on the final plan (the HiGHS path's and the PuLP
+    back-end's), with each workload's running replicas per cluster from `snapshot.running`
+    (a service scaling out already runs some); returns the services released (0 when
+    `config.release_unserving` is off)."""
+    if not config.release_unserving:
+        return 0
+    on: dict[str, dict[str, int]] = {}
+    for p in snapshot.running:
+        per = on.setdefault(p.workload_id, {})
+        for a in p.assignments:
+            per[a.cluster] = per.get(a.cluster, 0) + a.replicas
+    return rounding.release_unserving(
+        best, pen, [on.get(w.id, {}) for w in best.cs.workloads])
 
 
 def merge_splits(ledger: Ledger, pen: np.ndarray, config: PlannerConfig,

@@ -78,7 +78,7 @@ def solve(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, pen: 
           config: PlannerConfig, build_s: float, incumbent: Ledger | None
           ) -> tuple[Ledger, SolveStats, lp.Relaxation | None, lp.Model]:
     """Solve `model` through PuLP; returns what planner._solve_lp returns."""
-    from broker.placement.planner import SolveStats, polish
+    from broker.placement.planner import SolveStats, polish, release
 
     t0 = time.perf_counter()
     solver = _solver(config.solver, config.time_limit_s, config.mip_gap)
@@ -99,6 +99,7 @@ def solve(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model, pen: 
     # The moves the HiGHS path runs after its rounding: PuLP's plan gets them too (the
     # merge moves fix a job the MIP split under its one-shared-copy pricing, docs/placement.md).
     source += polish(best, pen, config, model)
+    source += "+released" * (release(best, pen, snapshot, config) > 0)
     obj = best.objective(pen)
     bound = relax.objective if relax is not None else obj
     gap = max(0.0, obj - bound) / max(abs(bound), 1e-9)

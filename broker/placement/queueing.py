@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 
 TARGET_UTILIZATION = 0.5
 SERVICE_TIME_MS = 5.0
@@ -84,3 +85,16 @@ def replicas_for_slack(asked: int, slack_ms: float, service_ms: float = SERVICE_
     rho_max = slack_ms / (service_ms + slack_ms)
     n = max(asked, math.ceil(TARGET_UTILIZATION * asked / rho_max - 1e-9))
     return n if n <= max_factor * asked else None
+
+
+def served_in_slo(per_cluster: Iterable[tuple[float, int]], load: float, slo_ms: float) -> int:
+    """Replicas that serve inside a latency SLO: `per_cluster` gives (RTT from the users,
+    replicas) per cluster; the load balancer spreads `load` (offered_load of the replicas
+    asked) over all of them evenly, and a cluster's c replicas serve when RTT + the M/M/c
+    wait at load x c / n fits. The twin's SLO metric (sim/metrics.py) and the planner's
+    release of placements that cannot serve (rounding.release_unserving) count with it."""
+    sets = [(rtt, c) for rtt, c in per_cluster if c > 0]
+    n = sum(c for _, c in sets)
+    if n == 0:
+        return 0
+    return sum(c for rtt, c in sets if rtt + queue_wait_ms(c, load * c / n) <= slo_ms)

@@ -265,20 +265,15 @@ class Metrics:
         return peer + user, xz
 
     def _served_in_slo(self, ws: WorkloadState, running: list[Group], slo: float) -> int:
-        """Running replicas whose cluster answers within the SLO (RTT + M/M/c waiting)."""
+        """Running replicas whose cluster answers within the SLO (queueing.served_in_slo)."""
         per_cluster: dict[str, int] = {}
         for g in running:
             per_cluster[g.cluster] = per_cluster.get(g.cluster, 0) + g.count
-        n = sum(per_cluster.values())
-        if n == 0:
-            return 0
-        load = queueing.offered_load(ws.desired)
-        ok = 0
-        for cluster, c in per_cluster.items():
-            rtt = self.engine.rtt.get((ws.ev.user_region or "", cluster), 0.0)
-            if rtt + queueing.queue_wait_ms(c, load * c / n) <= slo:
-                ok += c
-        return ok
+        rtt = self.engine.rtt
+        region = ws.ev.user_region or ""
+        return queueing.served_in_slo(
+            ((rtt.get((region, cluster), 0.0), c) for cluster, c in per_cluster.items()),
+            queueing.offered_load(ws.desired), slo)
 
     def sample(self, now: float) -> None:
         if self._dirty:

@@ -7,6 +7,7 @@ filter admits a site the twin then reports as violating; the SLO-aware planner d
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -208,3 +209,53 @@ def test_a_spread_service_is_sized_for_the_domains_it_needs() -> None:
             rtt = resolver.rtt_ms("nyc", c)
             assert rtt is not None
             assert rtt + wait <= 19.0
+
+
+# Scarce edge room (issue 12's SLO row; held-out draft 9,200,029): edge-nyc holds 14 one-vCPU
+# replicas (16 vCPU at the 0.9 headroom) and is the only cluster inside a 12 ms SLO from nyc.
+# "big" asks 40 replicas (load 20 replicas' worth): any 14 of them wait without bound
+# (rho > 1), so they serve nothing. "small" asks 4 (5 after SLO sizing) and fits.
+def _scarce(*ws: str) -> Any:
+    asks = {"big": 40, "small": 4}
+    return snapshot(tuple(workload(w, replicas=asks[w], user_region="nyc", latency_slo_ms=12)
+                          for w in ws))
+
+
+def test_a_placement_that_cannot_serve_gives_its_room_to_one_that_does() -> None:
+    cfg = PlannerConfig(explain=False, time_limit_s=2.0)
+    plan = plan_epoch(_scarce("big", "small"), PolicyAction(), cfg, policy="lp")
+    placed = {p.workload_id: [(a.cluster, a.replicas) for a in p.assignments]
+              for p in plan.placements}
+    assert placed == {"small": [("edge-nyc", 5)]}
+    assert plan.unplaced["big"].startswith("slo: the 14 replicas that fit would serve none")
+    assert "+released" in plan.stats.source
+    # The program alone (the pass off) fills the site with big, which serves none of it,
+    # and leaves small out.
+    off = plan_epoch(_scarce("big", "small"), PolicyAction(),
+                     dataclasses.replace(cfg, release_unserving=False), policy="lp")
+    assert {p.workload_id: p.placed_replicas for p in off.placements} == {"big": 14}
+    assert "small" in off.unplaced
+    # What the twin counts (queueing.served_in_slo): big's 14 serve none, small's 5 serve.
+    rtt = 8.48
+    assert queueing.served_in_slo([(rtt, 14)], queueing.offered_load(40), 12.0) == 0
+    assert queueing.served_in_slo([(rtt, 5)], queueing.offered_load(4), 12.0) == 5
+
+
+def test_a_partial_placement_stays_where_nothing_else_can_use_the_room() -> None:
+    # Alone, big keeps its 14 replicas: released every epoch it could never grow into a
+    # whole placement when room frees up later.
+    cfg = PlannerConfig(explain=False, time_limit_s=2.0)
+    plan = plan_epoch(_scarce("big"), PolicyAction(), cfg, policy="lp")
+    assert {p.workload_id: p.placed_replicas for p in plan.placements} == {"big": 14}
+    assert "released" not in plan.stats.source
+
+
+def test_served_in_slo_spreads_the_load_over_every_running_replica() -> None:
+    load = queueing.offered_load(10)  # 5 replicas' worth
+    assert queueing.served_in_slo([], load, 20.0) == 0
+    assert queueing.served_in_slo([(5.0, 5)], load, 20.0) == 0  # rho = 1: unbounded wait
+    assert queueing.served_in_slo([(5.0, 10)], load, 20.0) == 10
+    # A far cluster takes its share of the load whether or not it answers in time: the near
+    # one's 5 replicas carry 2.5 of the 5 there, and serve; alone they would not.
+    assert queueing.served_in_slo([(5.0, 5), (30.0, 5)], load, 20.0) == 5
+    assert queueing.served_in_slo([(5.0, 5), (30.0, 0)], load, 20.0) == 0
