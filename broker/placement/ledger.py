@@ -29,6 +29,10 @@ from broker.domain import FederationSnapshot, Workload
 from broker.placement.candidates import CandidateSet, FloatArray, IntArray
 from broker.placement.feasibility import gpu_class
 
+# Float slack of the integer fits. In capacity it is absolute, in the resource's units
+# (vCPU, GiB, GPUs), so a fit never overshoots room by more than this: as a fraction of one
+# replica (floor(room / d + eps)) it let a 16 GiB replica onto 15.9999984 GiB of room (found
+# by the hard-constraint property test).
 _EPS = 1e-7
 # Objective cost of one new node in the per-replica model (on top of the apportioned price),
 # and the least one costs in the packing model: a tie-breaker that keeps the LP from adding
@@ -236,7 +240,7 @@ class Ledger:
         m = np.full(len(self.cs.options), float(self.cs.replicas[i]))
         for r in range(3):
             if d[r] > 0:
-                m = np.minimum(m, np.floor(room[:, r] / d[r] + _EPS))
+                m = np.minimum(m, np.floor((room[:, r] + _EPS) / d[r]))
         out: IntArray = np.maximum(m, 0).astype(np.int64)
         return out
 
@@ -273,7 +277,7 @@ class Ledger:
             dr = d[r]
             if dr > 0:
                 cap = h[r] * (free[r] + n_cap * node[r]) - use[r]
-                fit = math.floor(cap / dr + _EPS)
+                fit = math.floor((cap + _EPS) / dr)
                 if fit < m:
                     m = fit
         cls = self.cls[i]
@@ -313,7 +317,7 @@ class Ledger:
         for r in range(3):
             if node[r] > 0 and h[r] > 0:
                 lack = use[r] / h[r] - free[r]
-                need = max(need, math.ceil(lack / node[r] - _EPS))
+                need = max(need, math.ceil((lack - _EPS) / node[r]))
         for key in self._set_keys.get(o, ()):
             free_sets, per_node = self.cs.gpu_sets[key]
             over = self.set_used[key] - free_sets

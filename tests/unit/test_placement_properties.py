@@ -206,3 +206,21 @@ def test_no_hard_constraint_is_violated_and_lp_beats_greedy(
     assert lp_stats.lp_bound is not None
     assert lp_stats.lp_bound <= lp_stats.objective + 1e-6 * max(1.0, abs(lp_stats.objective))
     assert math.isfinite(lp_stats.objective)
+
+
+def test_no_policy_overfills_room_by_the_float_slack_of_its_fits() -> None:
+    # Hypothesis's shrunk example: a 16 GiB replica and 16 - 1.6e-6 GiB of room. The fits'
+    # slack was a fraction of one replica (floor(room / d + 1e-7)), 1.6e-6 GiB here, and
+    # every policy placed it; it is absolute now (floor((room + 1e-7) / d)).
+    from broker.domain import Cluster, Resources
+    from tests.unit.placement_world import pool, snapshot, workload
+
+    site = Cluster(name="c0", provider="aws", region="us-east-1", lat=38.9, lon=-77.4,
+                   pools=(pool("p0", price=0.2, nodes=1, max_nodes=1,
+                               node=Resources(cpu=4, memory_gib=16),
+                               used=Resources(cpu=4e-7, memory_gib=1.6e-6)),))
+    snap = snapshot((workload("w0", cpu=0.5, mem=16),), clusters=(site,))
+    for policy in ("lp", "greedy", "traditional", "karpenter"):
+        plan = plan_epoch(snap, PolicyAction(headroom=1.0), CONFIG, policy=policy)
+        check_hard_constraints(snap, plan, 1.0)
+        assert plan.unplaced["w0"].startswith("capacity")
