@@ -7,6 +7,7 @@ bug there cannot hide itself.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import HealthCheck, given, settings
@@ -201,7 +202,15 @@ def test_no_hard_constraint_is_violated_and_lp_beats_greedy(
                   if p.placed_replicas == next(w for w in snap.pending
                                                if w.id == p.workload_id).spec.replicas}
         assert set(plan.unplaced) == {w.id for w in snap.pending} - placed
-    assert plans["lp"].stats.objective <= plans["greedy"].stats.objective + 1e-6
+    # The program's plan is never worse than greedy's by its own objective. The release of
+    # placements that cannot serve (rounding.release_unserving) comes after it and may raise
+    # that objective (it prices a replica that serves none like one that serves), so the
+    # comparison is made on the plan before it.
+    model_plan = plans["lp"]
+    if "+released" in model_plan.stats.source:
+        model_plan = plan_epoch(snap, action, dataclasses.replace(CONFIG, release_unserving=False),
+                                policy="lp")
+    assert model_plan.stats.objective <= plans["greedy"].stats.objective + 1e-6
     lp_stats = plans["lp"].stats
     assert lp_stats.lp_bound is not None
     assert lp_stats.lp_bound <= lp_stats.objective + 1e-6 * max(1.0, abs(lp_stats.objective))
