@@ -335,14 +335,16 @@ def latency_mask(wls: Sequence[Workload], rtt: FloatArray,
                  utilization: Sequence[float | None] | None = None) -> BoolArray:
     """`latency` family: RTT(user region, cluster) + the planned wait <= SLO.
 
-    The planned wait is the M/M/1 wait of one replica at the spec's `slo_utilization`
-    (placement/queueing.py; the worst case of any split of the replicas over clusters), none
-    when the spec has no `slo_utilization` (the SLO bounds RTT alone: workloads the planner
-    did not size, and the baselines, whose systems have no such rule). `utilization`: per
-    workload, the load to judge it at where its spec carries none (a running service's,
-    `running_slo_utilization`; None entries: the spec's own).
+    The planned wait is what size_for_slo planned at the spec's `slo_utilization`: that of a
+    cluster holding `queueing.sizing_pool` of the replicas it asked for
+    (`queueing.planned_wait_ms`), none when the spec has no `slo_utilization` (the SLO
+    bounds RTT alone: workloads the planner did not size, and the baselines, whose systems
+    have no such rule). `utilization`: per workload, the load to judge it at where its spec
+    carries none (a running service's, `running_slo_utilization`; None entries: the spec's
+    own), at the wait of one replica alone (a move may leave one so).
     """
-    keys: dict[tuple[str, float, float | None], int] = {}  # -> row of `table` (0: no SLO)
+    # -> row of `table` (0: no SLO); key: region, SLO, utilisation, replicas it is judged in
+    keys: dict[tuple[str, float, float | None, int], int] = {}
     first: list[int] = [-1]  # per row, a workload with its key (its rtt row: the region's)
     row = np.zeros(len(wls), dtype=np.int64)
     for i, w in enumerate(wls):
@@ -350,17 +352,22 @@ def latency_mask(wls: Sequence[Workload], rtt: FloatArray,
         if spec.latency_slo_ms is None or spec.user_region is None:
             continue
         util = spec.slo_utilization
-        if util is None and utilization is not None:
+        pool = 1
+        if util is not None:
+            pool = queueing.sizing_pool(
+                round(util * spec.replicas / queueing.TARGET_UTILIZATION),
+                spec.spread.min_domains if spec.spread is not None else 1)
+        elif utilization is not None:
             util = utilization[i]
-        key = (spec.user_region, spec.latency_slo_ms, util)
+        key = (spec.user_region, spec.latency_slo_ms, util, pool)
         r = keys.get(key)
         if r is None:
             r = keys[key] = len(first)
             first.append(i)
         row[i] = r
     table = np.ones((len(first), rtt.shape[1]), dtype=bool)
-    for (_, slo, load), r in keys.items():
-        wait = 0.0 if load is None else queueing.queue_wait_ms(1, load)
+    for (_, slo, load, pool), r in keys.items():
+        wait = 0.0 if load is None else queueing.queue_wait_ms(pool, pool * load)
         table[r] = rtt[first[r]] + wait <= slo + 1e-9  # nan (unknown): False
     out: BoolArray = table[row]
     return out
@@ -388,11 +395,13 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
     clusters the tenant may use (with a spread over k domains, the RTT of the k-th closest
     domain: sized for the best only, the farther domains the spread needs could fall out
     although RTT alone admitted them, and the service stay unplaced),
-    `queueing.replicas_for_slack` gives the fewest replicas
-    n >= asked at which even one replica alone in a cluster waits within the slack; the
-    service is planned with n replicas and `slo_utilization` = TARGET x asked / n, and
-    `latency_mask` admits only clusters where RTT + that wait fits, so any split of the
-    n replicas serves inside the SLO. No such n within the factor cap (or no cluster under
+    `queueing.replicas_for_slack` gives the fewest replicas n >= asked at which a cluster
+    holding `queueing.sizing_pool` of them (two, or one when it asked for one or its
+    spread's domains could each get one) waits within the slack; the service is planned
+    with n replicas and `slo_utilization` = TARGET x asked / n, and `latency_mask` admits
+    only clusters where RTT + that wait fits, so every cluster that holds at least that
+    many serves inside the SLO (a lone replica of a larger service may not). No such n
+    within the factor cap (or no cluster under
     the SLO): unchanged, and the SLO bounds RTT alone as before. Weighted splits (Karmada's
     static weights divide the asked count) and non-services are left as they are.
     """
@@ -425,7 +434,9 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
                           and (not spec.cluster_names or c.name in spec.cluster_names)
                           and (r := resolver.rtt_ms(spec.user_region, c)) is not None)
             sizing_rtt = _nth_domain_rtt(rtts, spec.spread.min_domains if spec.spread else 1)
-        n = queueing.replicas_for_slack(spec.replicas, spec.latency_slo_ms - sizing_rtt) \
+        n = queueing.replicas_for_slack(
+            spec.replicas, spec.latency_slo_ms - sizing_rtt,
+            domains=spec.spread.min_domains if spec.spread is not None else 1) \
             if sizing_rtt is not None else None
         if n is None:
             out.append(w)

@@ -48,12 +48,20 @@ def test_replicas_for_slack_is_the_fewest_that_fit() -> None:
         assert n is not None
         assert n >= asked
         load = queueing.offered_load(asked)
-        # One replica alone in a cluster, at its share of the load, waits within the slack
-        # (the worst case of any split); one replica fewer would not.
-        assert queueing.queue_wait_ms(1, load / n) <= slack + 1e-9
+        k = queueing.sizing_pool(asked)
+        assert k == min(asked, queueing.SLO_POOL_REPLICAS)
+        # A cluster holding k replicas, at their share of the load, waits within the slack
+        # (more in one cluster wait less); one replica fewer in all would not.
+        assert queueing.queue_wait_ms(k, k * load / n) <= slack + 1e-9
         assert queueing.queue_wait_ms(n, load) <= slack + 1e-9
         if n > asked:
-            assert queueing.queue_wait_ms(1, load / (n - 1)) > slack
+            assert queueing.queue_wait_ms(k, k * load / (n - 1)) > slack
+    # One asked replica is planned alone (M/M/1 at rho 0.5 waits 5 ms > 1.52): 3 replicas.
+    assert queueing.replicas_for_slack(1, slack) == 3
+    # 43 asked at a 1.52 ms slack: one replica alone would need 93 (rho 0.23), a pair waits
+    # within it at 45 (rho 0.48). Spread over 43 domains, each may get one: 93.
+    assert queueing.replicas_for_slack(43, slack) == 45
+    assert queueing.replicas_for_slack(43, slack, domains=43) == 93
     # A 15 ms SLO leaves room for the wait at the target load: nothing is added.
     assert queueing.replicas_for_slack(3, 15.0 - RTT_FLOOR_MS) == 3
     assert queueing.replicas_for_slack(1, 0.0) is None
@@ -74,8 +82,9 @@ def test_a_scale_down_keeps_the_replicas_slo_sizing_added(before: int, now: int,
 
 
 def test_after_a_scale_down_no_replica_waits_longer_than_sizing_admitted() -> None:
-    """Each SLO-sized service keeps its added replicas, so one replica alone waits no longer
-    than at the count size_for_slo chose: the clusters it admitted still fit."""
+    """Each SLO-sized service keeps its added replicas, so each replica's utilisation falls:
+    one replica alone (and so any cluster holding as many as before) waits no longer than at
+    the count size_for_slo chose, and the clusters it admitted still fit."""
     slack = 10.0 - RTT_FLOOR_MS
     for before in range(1, 30):
         n = queueing.replicas_for_slack(before, slack)
@@ -212,12 +221,12 @@ def test_a_spread_service_is_sized_for_the_domains_it_needs() -> None:
 
 
 # Scarce edge room (issue 12's SLO row; held-out draft 9,200,029): edge-nyc holds 14 one-vCPU
-# replicas (16 vCPU at the 0.9 headroom) and is the only cluster inside a 12 ms SLO from nyc.
-# "big" asks 40 replicas (load 20 replicas' worth): any 14 of them wait without bound
-# (rho > 1), so they serve nothing. "small" asks 4 (5 after SLO sizing) and fits.
+# replicas (16 vCPU at the 0.9 headroom) and is the only cluster inside a 10 ms SLO from nyc.
+# "big" asks 40 replicas (load 20 replicas' worth; 42 after SLO sizing): any 14 of them wait
+# without bound (rho > 1), so they serve nothing. "small" asks 4 (5 after sizing) and fits.
 def _scarce(*ws: str) -> Any:
     asks = {"big": 40, "small": 4}
-    return snapshot(tuple(workload(w, replicas=asks[w], user_region="nyc", latency_slo_ms=12)
+    return snapshot(tuple(workload(w, replicas=asks[w], user_region="nyc", latency_slo_ms=10)
                           for w in ws))
 
 
@@ -236,9 +245,9 @@ def test_a_placement_that_cannot_serve_gives_its_room_to_one_that_does() -> None
     assert {p.workload_id: p.placed_replicas for p in off.placements} == {"big": 14}
     assert "small" in off.unplaced
     # What the twin counts (queueing.served_in_slo): big's 14 serve none, small's 5 serve.
-    rtt = 8.48
-    assert queueing.served_in_slo([(rtt, 14)], queueing.offered_load(40), 12.0) == 0
-    assert queueing.served_in_slo([(rtt, 5)], queueing.offered_load(4), 12.0) == 5
+    rtt = RTT_FLOOR_MS
+    assert queueing.served_in_slo([(rtt, 14)], queueing.offered_load(40), 10.0) == 0
+    assert queueing.served_in_slo([(rtt, 5)], queueing.offered_load(4), 10.0) == 5
 
 
 def test_a_partial_placement_stays_where_nothing_else_can_use_the_room() -> None:
