@@ -268,3 +268,23 @@ def test_served_in_slo_spreads_the_load_over_every_running_replica() -> None:
     # one's 5 replicas carry 2.5 of the 5 there, and serve; alone they would not.
     assert queueing.served_in_slo([(5.0, 5), (30.0, 5)], load, 20.0) == 5
     assert queueing.served_in_slo([(5.0, 5), (30.0, 0)], load, 20.0) == 0
+
+
+def test_two_services_share_scarce_room_when_sized_for_pairs() -> None:
+    # One site at the users (8.48 ms), 9 vCPU: 8 one-vCPU replicas at the 0.9 headroom. Two
+    # services ask 3 replicas each within 10 ms (slack 1.52 ms). Sized for one replica alone
+    # (M/M/1), each needed 7 (rho 0.21): one fit and the other never ran. Sized for a pair
+    # (M/M/2 at rho 0.375 waits 0.8 ms), each runs 4, both fit, and both serve.
+    d = _two_sites()
+    d["clusters"] = [d["clusters"][0]]
+    d["clusters"][0]["capacity"]["cpu"] = 9
+    m, eng = run(scenario(d, "a,0,service,3,1,1,0,,u,10,0,,0\nb,0,service,3,1,1,0,,u,10,0,,0\n"),
+                 policy="lp")
+    assert [eng.workloads[w].running for w in ("a", "b")] == [4, 4]
+    assert m["unplaced"] == 0
+    assert queueing.replicas_for_slack(3, 10.0 - RTT_FLOOR_MS) == 4
+    # Only the start-up falls short: both run from their first epoch.
+    started = max(g.ready_s for w in ("a", "b") for g in eng.workloads[w].groups)
+    frac = m["slo_violation_frac"]
+    assert isinstance(frac, float)
+    assert frac <= started / 1800.0 + 1e-5
