@@ -418,6 +418,9 @@ def release_unserving(ledger: Ledger, pen: FloatArray,
     order = np.argsort(-pen, kind="stable").tolist()
     out: set[int] = set()
     for i in idle:
+        # An earlier release's refill may have filled i since: judge it as it is now.
+        if not 0 < ledger.placed(i) < asked(i) or serves(i):
+            continue
         had = ledger.placed(i)
         saved = {i: dict(ledger.x[i])}
         ledger.remove(i)
