@@ -76,7 +76,7 @@ MAX_SLO_REPLICA_FACTOR = 4
 # not fit, so the service was placed short and served nothing, and elsewhere cost replicas
 # that pooled ones did not need (M/M/2 at rho 0.5 waits 1.7 ms, M/M/1 5 ms). 2, 3 and 4 were
 # compared on 160 held-out trace drafts (seeds 9,200,000-159) and 2 then checked on 160
-# others (9,300,000-159; docs/twin.md "Held-out trace drafts"); the shipped scenarios did
+# others (9,300,000-159; docs/twin.md "Serving when room is scarce"); the shipped scenarios did
 # not choose it. A cluster that ends up with fewer replicas than this may wait longer than
 # planned; its replicas then count as violating in the twin, as they would live.
 SLO_POOL_REPLICAS = 2
