@@ -355,7 +355,7 @@ def latency_mask(wls: Sequence[Workload], rtt: FloatArray,
         pool = 1
         if util is not None:
             pool = queueing.sizing_pool(
-                round(util * spec.replicas / queueing.TARGET_UTILIZATION),
+                queueing.asked_replicas(spec.replicas, util),
                 spec.spread.min_domains if spec.spread is not None else 1)
         elif utilization is not None:
             util = utilization[i]
@@ -367,7 +367,7 @@ def latency_mask(wls: Sequence[Workload], rtt: FloatArray,
         row[i] = r
     table = np.ones((len(first), rtt.shape[1]), dtype=bool)
     for (_, slo, load, pool), r in keys.items():
-        wait = 0.0 if load is None else queueing.queue_wait_ms(pool, pool * load)
+        wait = 0.0 if load is None else queueing.planned_wait_ms(pool, load)
         table[r] = rtt[first[r]] + wait <= slo + 1e-9  # nan (unknown): False
     out: BoolArray = table[row]
     return out

@@ -89,14 +89,21 @@ def sizing_pool(asked: int, domains: int = 1) -> int:
     return max(1, min(asked // max(1, domains), SLO_POOL_REPLICAS))
 
 
-def planned_wait_ms(asked: int, utilization: float, service_ms: float = SERVICE_TIME_MS,
-                    domains: int = 1) -> float:
-    """The wait SLO sizing planned for a service that asked for `asked` replicas over at
-    least `domains` domains, at per-replica `utilization`: that of a cluster holding
-    `sizing_pool(asked, domains)` of them (more in one cluster at the same utilisation wait
-    less)."""
-    k = sizing_pool(asked, domains)
-    return queue_wait_ms(k, k * utilization, service_ms)
+def planned_wait_ms(pool: int, utilization: float, service_ms: float = SERVICE_TIME_MS
+                    ) -> float:
+    """The wait SLO sizing plans for a cluster holding `pool` replicas (`sizing_pool`) at
+    per-replica `utilization`: M/M/pool at offered load pool x utilization (more replicas in
+    one cluster at the same utilisation wait less)."""
+    return queue_wait_ms(pool, pool * utilization, service_ms)
+
+
+def asked_replicas(replicas: int, utilization: float | None) -> int:
+    """The replicas a service asked for, from a spec SLO sizing planned with `replicas` at
+    per-replica `utilization` (size_for_slo sets it to TARGET_UTILIZATION x asked /
+    replicas); `replicas` where it carries none."""
+    if utilization is None:
+        return replicas
+    return max(1, round(utilization * replicas / TARGET_UTILIZATION))
 
 
 def replicas_for_slack(asked: int, slack_ms: float, service_ms: float = SERVICE_TIME_MS,
@@ -122,8 +129,8 @@ def replicas_for_slack(asked: int, slack_ms: float, service_ms: float = SERVICE_
         return n if n <= max_factor * asked else None
 
     def fits(n: int) -> bool:
-        return planned_wait_ms(asked, TARGET_UTILIZATION * asked / n, service_ms,
-                               domains) <= slack_ms + 1e-12
+        return planned_wait_ms(k, TARGET_UTILIZATION * asked / n, service_ms) \
+            <= slack_ms + 1e-12
 
     lo, hi = asked, max_factor * asked
     if not fits(hi):

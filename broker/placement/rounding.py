@@ -366,8 +366,9 @@ def release_unserving(ledger: Ledger, pen: FloatArray,
     few every cluster's RTT + M/M/c wait exceeds the SLO (queueing.served_in_slo, the count
     the twin's SLO metric makes). Those replicas cost and hold room that another workload
     could serve from. The program prices every placed replica alike and cannot see this
-    (on scarce edge sites it filled a 44-replica service's site with 8 replicas that served
-    none, and left a 5-replica service that fit there unplaced); this pass does:
+    (on a hand-built scarce site it filled the room with 14 of a 40-replica service's
+    replicas, which serve none, and left a 4-replica service that fit unplaced:
+    tests/unit/test_slo_queueing.py); this pass does:
     each such service placed short of its asked replicas whose placement, counted with its
     `running` replicas (per workload: running replicas per cluster), serves none (most
     replicas first) is taken out, and the other workloads with replicas unplaced, highest
@@ -387,10 +388,7 @@ def release_unserving(ledger: Ledger, pen: FloatArray,
 
     def asked(i: int) -> int:
         spec = cs.workloads[i].spec
-        if spec.slo_utilization is None:
-            return int(spec.replicas)
-        return max(1, round(spec.slo_utilization * spec.replicas
-                            / queueing.TARGET_UTILIZATION))
+        return queueing.asked_replicas(spec.replicas, spec.slo_utilization)
 
     def serves(i: int) -> bool:
         spec = cs.workloads[i].spec
