@@ -19,13 +19,12 @@ both runs have a value. The twin is deterministic per scenario, so a rerun gives
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
-import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.sim.parallel import in_order, spawned
 from broker.sim.stats import mean_ci95
 from broker.sim.tracedraft import KINDS
 
@@ -74,21 +73,10 @@ def run_all(tasks: Sequence[tuple[int, str, str]], data: Path, *, horizon_s: flo
             if done is not None:
                 done(out[-1])
         return out
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(run_one, t, data, horizon_s, checkpoint): i
-                   for i, t in enumerate(tasks)}
-        results: dict[int, DraftRun] = {}
-        try:
-            for fut in cf.as_completed(futures):
-                results[futures[fut]] = fut.result()
-                if done is not None:
-                    done(results[futures[fut]])
-        except BaseException:
-            for fut in futures:  # a failed run or Ctrl-C: start no further runs
-                fut.cancel()
-            raise
-    return [results[i] for i in range(len(tasks))]
+    with spawned(jobs) as pool:
+        assert pool is not None
+        return in_order(pool, run_one, [(t, data, horizon_s, checkpoint) for t in tasks],
+                        done=None if done is None else lambda _i, r: done(r))
 
 
 def _number(v: object) -> float | None:

@@ -14,7 +14,6 @@ every 1 % of the horizon, and the parent forwards them.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import multiprocessing
 import os
@@ -23,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from broker.sim.parallel import in_order, spawned
 from broker.sim.runner import load_model, run_policy
 from broker.sim.scenario import CatalogLike, Scenario
 
@@ -107,30 +107,19 @@ def run_all(scenario: Scenario, specs: Sequence[RunSpec], catalog: CatalogLike |
 
 def _run_parallel(scenario: Scenario, specs: Sequence[RunSpec], checkpoint: str | None,
                   jobs: int, progress: ProgressSink | None) -> list[SeedRun]:
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager, cf.ProcessPoolExecutor(max_workers=jobs,
-                                                          mp_context=ctx) as pool:
+    with multiprocessing.get_context("spawn").Manager() as manager, spawned(jobs) as pool:
+        assert pool is not None
         q = manager.Queue() if progress is not None else None
         bars = [progress.task(f"{scenario.name} {s.label}", scenario.horizon_s)
                 for s in specs] if progress is not None else []
-        futures = {pool.submit(_work, scenario, spec, i, checkpoint, q): i
-                   for i, spec in enumerate(specs)}
-        results: dict[int, SeedRun] = {}
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = cf.wait(pending, timeout=POLL_S,
-                                        return_when=cf.FIRST_COMPLETED)
-                _drain(q, bars)
-                for fut in done:
-                    results[futures[fut]] = fut.result()
-                    if bars:
-                        bars[futures[fut]](scenario.horizon_s)
-        except BaseException:
-            for fut in pending:  # a failed run or Ctrl-C: start no further runs
-                fut.cancel()
-            raise
-        return [results[i] for i in range(len(specs))]
+
+        def finished(i: int, _run: SeedRun) -> None:
+            if bars:
+                bars[i](scenario.horizon_s)
+
+        return in_order(pool, _work, [(scenario, spec, i, checkpoint, q)
+                                      for i, spec in enumerate(specs)],
+                        done=finished, poll_s=POLL_S, tick=lambda: _drain(q, bars))
 
 
 def _drain(q: queue_mod.Queue[tuple[int, float]] | None,

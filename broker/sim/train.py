@@ -26,15 +26,12 @@ so the checkpoint records `episodes`: `--episodes N --seed S` reproduces it bit 
 
 from __future__ import annotations
 
-import contextlib
 import math
-import multiprocessing
 import random
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -50,6 +47,7 @@ from broker.placement.policy import (
     gaussian_log_prob,
     to_action,
 )
+from broker.sim.parallel import spawned
 from broker.sim.randomize import random_draft
 from broker.sim.rollout import (
     Draw,
@@ -224,7 +222,7 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
     t0 = time.perf_counter()
     episodes = steps = 0
     rewards: list[float] = []
-    with _pool(cfg.jobs) as pool:
+    with spawned(cfg.jobs) as pool:
         while True:
             if cfg.episodes is not None:
                 n = min(cfg.episodes_per_update, cfg.episodes - episodes)
@@ -266,7 +264,7 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
     from broker.sim.es import train_es
 
     iterations = None if cfg.episodes is None else max(1, cfg.episodes // (2 * cfg.es_pairs))
-    with _pool(cfg.jobs) as pool:
+    with spawned(cfg.jobs) as pool:
 
         def pool_map(fn: Callable[[Any], Any], tasks: list[Any]) -> list[Any]:
             return list(pool.map(fn, tasks)) if pool is not None else [fn(t) for t in tasks]
@@ -283,17 +281,6 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
               if isinstance(h.get("held_out_score"), int | float)]
     return TrainOutcome(model, out.episodes, 0, scores[0] if scores else 0.0,
                         out.best_held_out, out.seconds, out.iterations, out.history)
-
-
-@contextlib.contextmanager
-def _pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
-    """`jobs` rollout processes (spawned: no torch state is forked), or None for inline."""
-    if jobs <= 1:
-        yield None
-        return
-    with ProcessPoolExecutor(max_workers=jobs,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield pool
 
 
 # ------------------------------------------------------------------ tuning
