@@ -11,7 +11,7 @@ from broker.sim.parallel import in_order, spawned
 
 
 def _sleep_then(delay_s: float, value: int) -> int:
-    time.sleep(delay_s)
+    time.sleep(delay_s)  # noqa: TID251 - a worker process, not async code
     return value
 
 
