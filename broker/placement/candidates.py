@@ -456,8 +456,10 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                                 table=table)
     cost = compute + egress  # then in place, left to right as `compute + egress + ...` adds
     cost += latency
-    cost += bias
-    cost[~feasible] = np.inf
+    if action.cluster_bias_usd_per_hour or action.spot_bias_usd_per_hour \
+            or action.pool_spot_bias_usd_per_hour:  # else `bias` is all zeros (_costs)
+        cost += bias
+    np.copyto(cost, np.inf, where=~feasible)
     domains = tuple(
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
@@ -481,9 +483,9 @@ def _infeasible_counts(visible: BoolArray, masks: Mapping[str, BoolArray],
     """Per workload, how many of the options its tenant sees each family rules out, and
     `weighted` for feasible options of clusters its weighted split gives no share."""
     n_w = visible.shape[0]
-    ruled_out = np.stack([(visible & ~masks[f]).sum(axis=1) for f in FAMILIES], axis=1) \
-        if n_w else np.zeros((0, len(FAMILIES)), dtype=np.int64)
-    no_share = (feasible & ~in_share).sum(axis=1)
+    ruled_out = np.stack([np.count_nonzero(visible & ~masks[f], axis=1) for f in FAMILIES],
+                         axis=1) if n_w else np.zeros((0, len(FAMILIES)), dtype=np.int64)
+    no_share = np.count_nonzero(feasible & ~in_share, axis=1)
     per_w: list[dict[str, int]] = [{} for _ in range(n_w)]
     for i, j in zip(*np.nonzero(ruled_out), strict=True):  # row by row, families in order
         per_w[i][FAMILIES[j]] = int(ruled_out[i, j])
@@ -527,8 +529,15 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
     its price over the paid seconds no work uses (`node_boot_s`: boot, plus the idle timer
     after its last replica, per option or one number) and the work it is opened for."""
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
-    longest = np.where(feasible, hours[:, None], 0.0).max(axis=0) if len(wls) else \
-        np.zeros(len(options))
+    # longest = max over w of (hours[w] where feasible[w, o], else 0), without a W x O float
+    # array: the first feasible workload in order of falling hours (hours are >= 0).
+    longest = np.zeros(len(options))
+    if len(wls):
+        order = np.argsort(-hours, kind="stable")
+        ranked = feasible[order]
+        first = ranked.argmax(axis=0)
+        any_ok = ranked[first, np.arange(len(options))]
+        longest[any_ok] = hours[order][first[any_ok]]
     table = table if table is not None else option_table(options)
     fixed, billing_h, price = table.fixed, table.billing_h, table.price
     span_h = np.maximum(billing_h, np.minimum(service_horizon_h, longest))
@@ -548,11 +557,13 @@ def _prune_key(cost: FloatArray, demand: FloatArray, price: FloatArray,
     if node_usd is None or not len(price):
         return cost
     hours = np.divide(node_usd, price, out=np.zeros_like(node_usd), where=price > 0)
-    fits_free = np.ones(cost.shape, dtype=bool)
+    # fits_free per distinct replica shape, then gathered (a batch has a few dozen shapes)
+    shapes, shape_of = np.unique(demand, axis=0, return_inverse=True)
+    fits_free = np.ones((len(shapes), len(price)), dtype=bool)
     for r in range(3):
-        fits_free &= demand[:, r, None] <= free[None, :, r] + 1e-9
+        fits_free &= shapes[:, r, None] <= free[None, :, r] + 1e-9
     out: FloatArray = usdh * hours[None, :]
-    out[fits_free] = 0.0
+    np.copyto(out, 0.0, where=fits_free[shape_of.reshape(-1)])
     out += cost
     return out
 
@@ -563,27 +574,34 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
            site_cost_fraction: float = 1.0, *,
            table: OptionTable | None = None) -> tuple[FloatArray, ...]:
     """compute, egress, latency, bias, usd_per_hour: each W x O, per replica (`rtt`: the
-    batch's feasibility.rtt_table)."""
+    batch's feasibility.rtt_table).
+
+    At 20000 x 2000 every W x O array is 320 MB and each pass over one costs ~0.1 s, so what
+    depends only on the replica's shape is computed once per distinct (cpu, memory, GPU) row
+    and gathered (a batch has a few dozen shapes), and what is zero is not computed: the
+    same numbers, operation for operation, as the plain W x O formulas in the comments.
+    """
     n_w, n_o = len(wls), len(options)
-    # Dominant share; a resource the node lacks counts 0 here (the pair is
-    # infeasible by the `resources` family anyway, so its cost is never used).
-    # In place, into one scratch array: at 20000 x 2000 every W x O temporary is 320 MB, and
-    # a fresh one costs its page faults as well as its pass.
-    inv = np.divide(1.0, node, out=np.zeros_like(node), where=node > 0)
-    share = np.zeros((n_w, n_o))
-    scratch = np.empty((n_w, n_o))
-    for r in range(3):
-        np.multiply.outer(demand[:, r], inv[:, r], out=scratch)
-        np.maximum(share, scratch, out=share)
     table = table if table is not None else option_table(options)
     price = table.price
-    usdh = share
-    usdh *= price[None, :]
+    # Dominant share; a resource the node lacks counts 0 here (the pair is
+    # infeasible by the `resources` family anyway, so its cost is never used).
+    # share = max over r of demand[:, r] / node[:, r];  usdh = share x price
+    inv = np.divide(1.0, node, out=np.zeros_like(node), where=node > 0)
+    shapes, shape_of = np.unique(demand, axis=0, return_inverse=True)
+    shape_of = shape_of.reshape(-1)
+    share = np.zeros((len(shapes), n_o))
+    for r in range(3):
+        np.maximum(share, np.multiply.outer(shapes[:, r], inv[:, r]), out=share)
+    usdh_shape = share * price[None, :]
+    usdh: FloatArray = usdh_shape[shape_of] if n_w else np.zeros((0, n_o))
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
     # With site_cost_fraction < 1 the objective prices the marginal cost of fixed sites (paid
     # anyway, see SUNK_SITE_COST_FRACTION); `usdh` stays the apportioned price for budgets.
+    # compute = usdh x marginal x hours
     marginal = np.where(table.edge_priced, site_cost_fraction, 1.0)
-    compute = np.multiply(usdh, marginal[None, :], out=scratch)
+    compute: FloatArray = (usdh_shape * marginal[None, :])[shape_of] if n_w else \
+        np.zeros((0, n_o))
     compute *= hours[:, None]
     bias_c = np.array([action.cluster_bias_usd_per_hour.get(o.cluster.name, 0.0)
                        + (action.for_pool("spot_bias_usd_per_hour", o.cluster.name,
@@ -592,30 +610,44 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
                        for o in options], dtype=np.float64) \
         if action.cluster_bias_usd_per_hour or action.spot_bias_usd_per_hour \
         or action.pool_spot_bias_usd_per_hour else np.zeros(n_o)
-    bias = hours[:, None] * bias_c[None, :]
+    # bias = hours x bias_c; np.zeros maps its pages lazily, so no bias costs no pass
+    bias = hours[:, None] * bias_c[None, :] if bias_c.any() else np.zeros((n_w, n_o))
     egress = _egress(snapshot, wls, options, clusters)
-    latency = rtt.copy()
-    latency[np.isnan(latency)] = 0.0
+    # latency = weight x RTT, 0 where the RTT is unknown
+    latency = np.where(np.isnan(rtt), 0.0, rtt)
     latency *= action.latency_weight_usd_per_ms
     return compute, egress, latency, bias, usdh
 
 
 def _egress(snapshot: FederationSnapshot, wls: Sequence[Workload],
             options: Sequence[Option], clusters: Mapping[str, Cluster]) -> FloatArray:
-    """Data GB x USD/GB to each option's cluster, shared evenly by the replicas."""
+    """Data GB x USD/GB to each option's cluster, shared evenly by the replicas.
+
+    Per workload: the sum over its data sources, in their order, of size x the source's
+    USD/GB row, divided by its replicas; computed for every workload's j-th source at once.
+    """
     out = np.zeros((len(wls), len(options)))
-    price_cache: dict[str, FloatArray] = {}
-    for i, w in enumerate(wls):
-        if not w.spec.data:
-            continue
-        row = np.zeros(len(options))
-        for d in w.spec.data:
-            if d.location not in price_cache:
-                price_cache[d.location] = np.array(
-                    [egress_usd_per_gb(snapshot, clusters, d.location, o.cluster)
-                     for o in options])
-            row += d.size_gb * price_cache[d.location]
-        out[i] = row / max(1, w.spec.replicas)
+    with_data = [i for i, w in enumerate(wls) if w.spec.data]
+    if not with_data:
+        return out
+    locations: dict[str, int] = {}
+    n_src = max(len(wls[i].spec.data) for i in with_data)
+    loc = np.full((len(with_data), n_src), -1, dtype=np.int64)
+    size = np.zeros((len(with_data), n_src))
+    for a, i in enumerate(with_data):
+        for j, d in enumerate(wls[i].spec.data):
+            loc[a, j] = locations.setdefault(d.location, len(locations))
+            size[a, j] = d.size_gb
+    per_gb = np.array([[egress_usd_per_gb(snapshot, clusters, name, o.cluster)
+                        for o in options] for name in locations], dtype=np.float64)
+    rows = np.array(with_data, dtype=np.int64)
+    acc = np.zeros((len(with_data), len(options)))
+    for j in range(n_src):
+        has = np.flatnonzero(loc[:, j] >= 0)
+        acc[has] += size[has, j, None] * per_gb[loc[has, j]]
+    acc /= np.array([max(1, wls[i].spec.replicas) for i in with_data],
+                    dtype=np.float64)[:, None]
+    out[rows] = acc
     return out
 
 
