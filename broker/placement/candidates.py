@@ -439,7 +439,8 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         tuple({} for _ in wls)
     if weighted:
         feasible &= in_share
-    parts = _costs(snapshot, action, wls, options, clusters, demand, node, rtt,
+    shapes = replica_shapes(demand)
+    parts = _costs(snapshot, action, wls, options, clusters, shapes, node, rtt,
                    service_horizon_h, site_cost_fraction, table=table)
     compute, egress, latency, bias, usdh = parts
     node_usd: FloatArray | None = None
@@ -464,7 +465,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         tuple(domain_key(o.cluster, w.spec.spread.topology if w.spec.spread else "cluster")
               for o in options) for w in wls) if any(w.spec.spread for w in wls) else \
         tuple(() for _ in wls)
-    cand = _prune(wls, _prune_key(cost, demand, table.price, table.free, usdh, node_usd), k,
+    cand = _prune(wls, _prune_key(cost, shapes, table.price, table.free, usdh, node_usd), k,
                   domains, targets, options) if columns else \
         tuple(np.zeros(0, dtype=np.int64) for _ in wls)
     return CandidateSet(
@@ -546,7 +547,16 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
     return out
 
 
-def _prune_key(cost: FloatArray, demand: FloatArray, price: FloatArray,
+def replica_shapes(demand: FloatArray) -> tuple[FloatArray, IntArray]:
+    """The batch's distinct replica shapes (cpu, memory, GPUs) and each workload's row there.
+
+    What depends on the shape alone is computed once per shape and gathered: at 20000 x 2000
+    a W x O pass costs ~0.1 s, and a batch has a few dozen shapes."""
+    shapes, shape_of = np.unique(demand, axis=0, return_inverse=True)
+    return shapes, shape_of.reshape(-1).astype(np.int64)
+
+
+def _prune_key(cost: FloatArray, shapes: tuple[FloatArray, IntArray], price: FloatArray,
                free: FloatArray, usdh: FloatArray, node_usd: FloatArray | None) -> FloatArray:
     """Cost to rank candidates by: with packing, plus the replica's share of a new node's
     charge where the pool's free room cannot take one replica (it would open a node).
@@ -557,29 +567,29 @@ def _prune_key(cost: FloatArray, demand: FloatArray, price: FloatArray,
     if node_usd is None or not len(price):
         return cost
     hours = np.divide(node_usd, price, out=np.zeros_like(node_usd), where=price > 0)
-    # fits_free per distinct replica shape, then gathered (a batch has a few dozen shapes)
-    shapes, shape_of = np.unique(demand, axis=0, return_inverse=True)
-    fits_free = np.ones((len(shapes), len(price)), dtype=bool)
+    rows, shape_of = shapes
+    fits_free = np.ones((len(rows), len(price)), dtype=bool)
     for r in range(3):
-        fits_free &= shapes[:, r, None] <= free[None, :, r] + 1e-9
+        fits_free &= rows[:, r, None] <= free[None, :, r] + 1e-9
     out: FloatArray = usdh * hours[None, :]
-    np.copyto(out, 0.0, where=fits_free[shape_of.reshape(-1)])
+    np.copyto(out, 0.0, where=fits_free[shape_of])
     out += cost
     return out
 
 
 def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Workload],
-           options: Sequence[Option], clusters: Mapping[str, Cluster], demand: FloatArray,
-           node: FloatArray, rtt: FloatArray, service_horizon_h: float,
+           options: Sequence[Option], clusters: Mapping[str, Cluster],
+           shapes: tuple[FloatArray, IntArray], node: FloatArray, rtt: FloatArray,
+           service_horizon_h: float,
            site_cost_fraction: float = 1.0, *,
            table: OptionTable | None = None) -> tuple[FloatArray, ...]:
     """compute, egress, latency, bias, usd_per_hour: each W x O, per replica (`rtt`: the
-    batch's feasibility.rtt_table).
+    batch's feasibility.rtt_table; `shapes`: replica_shapes of the batch's demand).
 
     At 20000 x 2000 every W x O array is 320 MB and each pass over one costs ~0.1 s, so what
-    depends only on the replica's shape is computed once per distinct (cpu, memory, GPU) row
-    and gathered (a batch has a few dozen shapes), and what is zero is not computed: the
-    same numbers, operation for operation, as the plain W x O formulas in the comments.
+    depends only on the replica's shape is computed per shape and gathered, and what is zero
+    is not computed: the same numbers, operation for operation, as the plain W x O formulas
+    in the comments.
     """
     n_w, n_o = len(wls), len(options)
     table = table if table is not None else option_table(options)
@@ -588,11 +598,10 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
     # infeasible by the `resources` family anyway, so its cost is never used).
     # share = max over r of demand[:, r] / node[:, r];  usdh = share x price
     inv = np.divide(1.0, node, out=np.zeros_like(node), where=node > 0)
-    shapes, shape_of = np.unique(demand, axis=0, return_inverse=True)
-    shape_of = shape_of.reshape(-1)
-    share = np.zeros((len(shapes), n_o))
+    rows, shape_of = shapes
+    share = np.zeros((len(rows), n_o))
     for r in range(3):
-        np.maximum(share, np.multiply.outer(shapes[:, r], inv[:, r]), out=share)
+        np.maximum(share, np.multiply.outer(rows[:, r], inv[:, r]), out=share)
     usdh_shape = share * price[None, :]
     usdh: FloatArray = usdh_shape[shape_of] if n_w else np.zeros((0, n_o))
     hours = np.array([expected_hours(w, service_horizon_h) for w in wls], dtype=np.float64)
