@@ -44,8 +44,11 @@ Prewarm (`prewarm_nodes`, `prewarm_for_placements`):
   where `used` and `nodes` include this epoch's placements and scale-ups and `rate` is the
   pool's demand EWMA (`Pool.demand_*_per_s`). Half a node of forecast overflow buys one.
 - images and data for a placed workload whose start waits on new nodes or on data, on cloud
-  and Kubernetes clusters (edge standbys are the hub's): the copy starts now, while the
-  nodes boot.
+  and Kubernetes clusters (edge standbys are the hub's). It is ordered now; on Kubernetes
+  the image is pulled on each node of the pool as it joins (a DaemonSet) and the data is
+  downloaded onto one node of the pool (providers/kubernetes_prewarm.py), so neither
+  overlaps a new node's boot. The twin starts a replica after node, image and data in turn
+  (docs/twin.md, "pod start").
 """
 
 from __future__ import annotations
