@@ -225,7 +225,8 @@ class SolveStats:
     solve_s: float
     variables: int = 0
     constraints: int = 0
-    # Which stage produced the kept solution: rounded | gpu-first | guided | greedy (+moves,
+    # Which stage produced the kept solution: rounded | gpu-first | gpu-alone | guided | greedy
+    # (+moves,
     # +packed, +merged: the local moves that changed it) |
     # mip | neighbourhood-mip | family-mip (the neighbourhood of a batch decomposed by pool
     # family) | heuristic.
@@ -462,7 +463,7 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
                                     time.perf_counter() - t1, source="greedy"), None, model
     cs, model, relax, rounds = priced.cs, priced.model, priced.relax, priced.rounds
     status = "optimal" if relax.status == "optimal" else relax.status
-    best, source, best_obj = _round(cs, snapshot, model, relax, pen, g, config)
+    best, source, best_obj = _round(cs, snapshot, model, relax, pen, g, config, family=family)
     heuristic_obj = best_obj
     # The restricted LP's value bounds the full problem only once no column
     # prices out; otherwise use the Lagrangian bound (<= the LP value). That bound only
@@ -527,12 +528,15 @@ def _family_batch(cs: CandidateSet, config: PlannerConfig) -> bool:
 
 def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
            relax: lp.Relaxation, pen: np.ndarray, g: Ledger | None,
-           config: PlannerConfig) -> tuple[Ledger, str, float]:
+           config: PlannerConfig, *, family: bool = False) -> tuple[Ledger, str, float]:
     """Integer solutions from the relaxation; the cheapest wins, then local moves.
 
     - "rounded": floor of the LP, most valuable workloads first, then repair;
     - "gpu-first": the same for the GPU family first, then for the rest (seeded batches:
       rounding.family_first);
+    - "gpu-alone": on batches decomposed by pool family (`family`), gpu-first with the GPU
+      family rounded from the LP of the family alone (`_family_alone_x`: every other
+      workload held out), the rest from the relaxation;
     - "guided": LP-guided greedy (most valuable, least flexible first), on batches too small
       to be seeded (pricing.seeds);
     - "greedy": the greedy incumbent (so the LP is never worse than greedy);
@@ -548,6 +552,12 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
         gpu_first = Ledger(cs, snapshot)
         rounding.family_first(gpu_first, model, relax.x, pen, cs.demand[:, 2] > 0)
         tries.append((gpu_first, "gpu-first"))
+        alone = _family_alone_x(cs, model, config) if family else None
+        if alone is not None:
+            gpu_alone = Ledger(cs, snapshot)
+            rounding.family_first(gpu_alone, model, relax.x, pen, cs.demand[:, 2] > 0,
+                                  x_first=alone)
+            tries.append((gpu_alone, "gpu-alone"))
     else:
         # On seeded batches the guided greedy never won: 23-33 % above the floor rounding
         # (5000x500 seeds 1-3, 2000x300, 20000x2000), for 0.15 s CPU at 5000x500, 1.2 s at
@@ -560,6 +570,30 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     best, source = min(tries, key=lambda t: t[0].objective(pen))
     source += polish(best, pen, config, model)
     return best, source, best.objective(pen)
+
+
+def _family_alone_x(cs: CandidateSet, model: lp.Model, config: PlannerConfig
+                    ) -> np.ndarray | None:
+    """The LP relaxation of the GPU family alone: `model` with every other workload held
+    unplaced (lp.fix_outside), so the jobs' LP packs them into all the room, quota and GPU
+    sets there are. None if HiGHS does not solve it within lp_time_limit_s.
+
+    Why: in the relaxation of the whole batch GPU jobs are split across pools in proportions
+    set together with the CPU work, and rounding that split (gpu-first) strands jobs the
+    family MIP then cannot place with the CPU work fixed around them. Rounded from the
+    family's own LP, the jobs take their room first and the CPU work goes around them. At
+    20000x2000 seed 1 (one process, the same relaxation, the family MIP from each start in
+    a 14 s box): 890,193 -> 881,601 before the family MIP and 880,285 -> 871,020 after it;
+    the family's LP took 0.5 s (docs/placement.md section 7).
+    """
+    start = np.zeros(model.cost.size)
+    start[model.u_start:model.n_start] = cs.replicas
+    alone = lp.fix_outside(model, start, np.flatnonzero(cs.demand[:, 2] > 0))
+    try:
+        relax = lp.solve_relaxation(alone, time_limit_s=config.lp_time_limit_s)
+    except lp.SolverError:
+        return None
+    return relax.x
 
 
 def polish(best: Ledger, pen: np.ndarray, config: PlannerConfig, model: lp.Model) -> str:

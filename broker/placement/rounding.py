@@ -47,8 +47,11 @@ def load_integer(ledger: Ledger, model: Model, x: FloatArray, *, floor: bool,
 
 
 def family_first(ledger: Ledger, model: Model, x: FloatArray, pen: FloatArray,
-                 first: BoolArray) -> None:
+                 first: BoolArray, x_first: FloatArray | None = None) -> None:
     """The floor rounding and its repair for the workloads in `first`, then for the rest.
+
+    `x_first`: the solution the workloads in `first` are rounded from (default `x`; the
+    planner's "gpu-alone" rounding passes the LP of the family alone, planner._round).
 
     `load_integer` loads every workload's floor before `repair` fills any: a GPU job the LP
     splits (x = 0.6 here, 0.4 there) has floor 0, so the floors of CPU work take the CPU
@@ -59,12 +62,13 @@ def family_first(ledger: Ledger, model: Model, x: FloatArray, pen: FloatArray,
     """
     cols = first[model.x_w]
     for part in (cols, ~cols):
-        xs = x.copy()
+        src = x_first if part is cols and x_first is not None else x
+        xs = src.copy()
         xs[:model.n_x][~part] = 0.0
         load_integer(ledger, model, xs, floor=True, pen=pen)
         mask = first if part is cols else ~first
         order = np.argsort(-pen, kind="stable")
-        repair(ledger, model, x, pen, order=order[mask[order]])
+        repair(ledger, model, src, pen, order=order[mask[order]])
 
 
 def guided(ledger: Ledger, model: Model, x: FloatArray, pen: FloatArray) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from broker.domain import Cluster, FederationSnapshot, PolicyAction, Resources, WorkloadKind
-from broker.placement import lp, mip_stage, rounding
+from broker.placement import lp, mip_stage, planner, rounding
 from broker.placement.candidates import build_candidates
 from broker.placement.ledger import Ledger, penalties
 from broker.placement.planner import PlannerConfig, plan_epoch
@@ -243,3 +243,47 @@ def test_the_gpu_family_rounded_first_keeps_its_room_from_cpu_floors() -> None:
     rounding.family_first(first, model, x, pen, cs.demand[:, 2] > 0)
     assert first.x == [{0: 1}, {1: 1}]
     assert first.objective(pen) < floors.objective(pen) - 900
+
+
+def test_the_gpu_family_rounded_from_its_own_lp_packs_jobs_the_batchs_split_strands() -> None:
+    """planner._family_alone_x + rounding.family_first(x_first=...): in the batch's relaxation
+    (handed in here) job "j1" sits on pool "b", where CPU work took pool "a" from it, and job
+    "j2", which only pool "b" can run (GPU model Y), is left out. Rounded from that, the GPU
+    family first still strands "j2". Rounded from the LP of the GPU family alone (the CPU
+    work held out), "j1" takes "a" and "j2" takes "b", and the service goes around them."""
+    clusters = (Cluster(name="q", provider="aws", region="us-east-1", lat=38.9, lon=-77.4,
+                        pools=(pool("a", price=1.0, nodes=1, max_nodes=1, node=GPU_ONE,
+                                    gpu_model="X"),
+                               pool("b", price=2.0, nodes=1, max_nodes=1, node=GPU_ONE,
+                                    gpu_model="Y"),
+                               pool("c", price=5.0, nodes=1, max_nodes=1,
+                                    node=Resources(cpu=8, memory_gib=64)))),)
+    snap = snapshot((workload("j1", kind=WorkloadKind.TRAIN, cpu=4, mem=32, gpu=1,
+                              duration_s=3600.0),
+                     workload("j2", kind=WorkloadKind.TRAIN, cpu=4, mem=32, gpu=1,
+                              gpu_model="Y", duration_s=3600.0),
+                     workload("s", cpu=4, mem=40)), clusters=clusters)
+    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
+    pen = penalties(cs, 1000.0)
+    model = lp.build(cs, pen, {})
+    col = {(int(w), cs.options[int(o)].pool.name): c
+           for c, (w, o) in enumerate(zip(model.x_w, model.x_o, strict=True))}
+    x = np.zeros(model.cost.size)
+    x[col[(0, "b")]] = 1.0
+    x[model.u_start + 1] = 1.0
+    x[col[(2, "a")]] = 1.0
+    gpu = cs.demand[:, 2] > 0
+    split = Ledger(cs, snap)
+    rounding.family_first(split, model, x, pen, gpu)
+    assert split.placed(1) == 0
+
+    alone = planner._family_alone_x(cs, model, PlannerConfig())
+    assert alone is not None
+    assert alone[model.u_start + 2] == pytest.approx(1.0)  # the CPU work is held out
+    assert alone[col[(0, "a")]] == pytest.approx(1.0)
+    assert alone[col[(1, "b")]] == pytest.approx(1.0)
+    packed = Ledger(cs, snap)
+    rounding.family_first(packed, model, x, pen, gpu, x_first=alone)
+    names = [{cs.options[o].pool.name: m for o, m in xw.items()} for xw in packed.x]
+    assert names == [{"a": 1}, {"b": 1}, {"c": 1}]
+    assert packed.objective(pen) < split.objective(pen) - 900
