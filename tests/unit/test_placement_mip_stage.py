@@ -9,7 +9,7 @@ import pytest
 
 from broker.domain import Cluster, FederationSnapshot, PolicyAction, Resources, WorkloadKind
 from broker.placement import lp, mip_stage, planner, rounding
-from broker.placement.candidates import build_candidates
+from broker.placement.candidates import CandidateSet, build_candidates
 from broker.placement.ledger import Ledger, penalties
 from broker.placement.planner import PlannerConfig, plan_epoch
 
@@ -214,6 +214,18 @@ def test_gpu_jobs_get_every_feasible_option_as_a_column() -> None:
     assert wide.cand[0].tolist() == cs.cand[0].tolist()
 
 
+def _model_of(snap: FederationSnapshot) -> tuple[CandidateSet, np.ndarray, lp.Model,
+                                                 dict[tuple[int, str], int]]:
+    """Candidates (k=8, headroom 1), penalties and LP model of `snap`, and the model's column
+    of each (workload index, pool name)."""
+    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
+    pen = penalties(cs, 1000.0)
+    model = lp.build(cs, pen, {})
+    col = {(int(w), cs.options[int(o)].pool.name): c
+           for c, (w, o) in enumerate(zip(model.x_w, model.x_o, strict=True))}
+    return cs, pen, model, col
+
+
 def test_the_gpu_family_rounded_first_keeps_its_room_from_cpu_floors() -> None:
     """rounding.family_first: the LP splits GPU job "j" (x = 0.6 on the GPU node), so its floor
     is 0, while service "s" has floor 1 there. Floors first, "s" takes 40 of the node's 64 GiB
@@ -227,11 +239,7 @@ def test_the_gpu_family_rounded_first_keeps_its_room_from_cpu_floors() -> None:
     snap = snapshot((workload("j", kind=WorkloadKind.TRAIN, cpu=4, mem=32, gpu=1, gpu_model="A",
                               duration_s=3600.0),
                      workload("s", cpu=4, mem=40)), clusters=clusters)
-    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
-    pen = penalties(cs, 1000.0)
-    model = lp.build(cs, pen, {})
-    col = {(int(w), cs.options[int(o)].pool.name): c
-           for c, (w, o) in enumerate(zip(model.x_w, model.x_o, strict=True))}
+    cs, pen, model, col = _model_of(snap)
     x = np.zeros(model.cost.size)
     x[col[(0, "g")]] = 0.6
     x[col[(1, "g")]] = 1.0
@@ -263,11 +271,7 @@ def test_the_gpu_family_rounded_from_its_own_lp_packs_jobs_the_batchs_split_stra
                      workload("j2", kind=WorkloadKind.TRAIN, cpu=4, mem=32, gpu=1,
                               gpu_model="Y", duration_s=3600.0),
                      workload("s", cpu=4, mem=40)), clusters=clusters)
-    cs = build_candidates(snap, PolicyAction(headroom=1.0), k=8, service_horizon_h=1.0)
-    pen = penalties(cs, 1000.0)
-    model = lp.build(cs, pen, {})
-    col = {(int(w), cs.options[int(o)].pool.name): c
-           for c, (w, o) in enumerate(zip(model.x_w, model.x_o, strict=True))}
+    cs, pen, model, col = _model_of(snap)
     x = np.zeros(model.cost.size)
     x[col[(0, "b")]] = 1.0
     x[model.u_start + 1] = 1.0
