@@ -457,8 +457,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                                 table=table)
     cost = compute + egress  # then in place, left to right as `compute + egress + ...` adds
     cost += latency
-    if action.cluster_bias_usd_per_hour or action.spot_bias_usd_per_hour \
-            or action.pool_spot_bias_usd_per_hour:  # else `bias` is all zeros (_costs)
+    if _biased(action):  # else `bias` is all zeros (_costs)
         cost += bias
     np.copyto(cost, np.inf, where=~feasible)
     domains = tuple(
@@ -617,15 +616,20 @@ def _costs(snapshot: FederationSnapshot, action: PolicyAction, wls: Sequence[Wor
                                           o.pool.name, 0.0)
                           if o.pool.pricing is PricingModel.SPOT else 0.0)
                        for o in options], dtype=np.float64) \
-        if action.cluster_bias_usd_per_hour or action.spot_bias_usd_per_hour \
-        or action.pool_spot_bias_usd_per_hour else np.zeros(n_o)
+        if _biased(action) else np.zeros(n_o)
     # bias = hours x bias_c; np.zeros maps its pages lazily, so no bias costs no pass
-    bias = hours[:, None] * bias_c[None, :] if bias_c.any() else np.zeros((n_w, n_o))
+    bias = hours[:, None] * bias_c[None, :] if _biased(action) else np.zeros((n_w, n_o))
     egress = _egress(snapshot, wls, options, clusters)
     # latency = weight x RTT, 0 where the RTT is unknown
     latency = np.where(np.isnan(rtt), 0.0, rtt)
     latency *= action.latency_weight_usd_per_ms
     return compute, egress, latency, bias, usdh
+
+
+def _biased(action: PolicyAction) -> bool:
+    """Whether the action sets any cluster or spot bias (else the objective has no bias term)."""
+    return bool(action.cluster_bias_usd_per_hour or action.spot_bias_usd_per_hour
+                or action.pool_spot_bias_usd_per_hour)
 
 
 def _egress(snapshot: FederationSnapshot, wls: Sequence[Workload],

@@ -226,8 +226,7 @@ class SolveStats:
     variables: int = 0
     constraints: int = 0
     # Which stage produced the kept solution: rounded | gpu-first | gpu-alone | guided | greedy
-    # (+moves,
-    # +packed, +merged: the local moves that changed it) |
+    # (+moves, +packed, +merged: the local moves that changed it) |
     # mip | neighbourhood-mip | family-mip (the neighbourhood of a batch decomposed by pool
     # family) | heuristic.
     source: str = ""
@@ -549,14 +548,14 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     rounding.repair(floor, model, relax.x, pen)
     tries.append((floor, "rounded"))
     if _seeded_batch(cs, config):
+        gpu = cs.demand[:, 2] > 0
         gpu_first = Ledger(cs, snapshot)
-        rounding.family_first(gpu_first, model, relax.x, pen, cs.demand[:, 2] > 0)
+        rounding.family_first(gpu_first, model, relax.x, pen, gpu)
         tries.append((gpu_first, "gpu-first"))
-        alone = _family_alone_x(cs, model, config) if family else None
+        alone = _family_alone_x(cs, model, gpu, config) if family else None
         if alone is not None:
             gpu_alone = Ledger(cs, snapshot)
-            rounding.family_first(gpu_alone, model, relax.x, pen, cs.demand[:, 2] > 0,
-                                  x_first=alone)
+            rounding.family_first(gpu_alone, model, relax.x, pen, gpu, x_first=alone)
             tries.append((gpu_alone, "gpu-alone"))
     else:
         # On seeded batches the guided greedy never won: 23-33 % above the floor rounding
@@ -572,11 +571,12 @@ def _round(cs: CandidateSet, snapshot: FederationSnapshot, model: lp.Model,
     return best, source, best.objective(pen)
 
 
-def _family_alone_x(cs: CandidateSet, model: lp.Model, config: PlannerConfig
-                    ) -> np.ndarray | None:
-    """The LP relaxation of the GPU family alone: `model` with every other workload held
-    unplaced (lp.fix_outside), so the jobs' LP packs them into all the room, quota and GPU
-    sets there are. None if HiGHS does not solve it within lp_time_limit_s.
+def _family_alone_x(cs: CandidateSet, model: lp.Model, family: np.ndarray,
+                    config: PlannerConfig) -> np.ndarray | None:
+    """The LP relaxation of the GPU family (`family`: per workload, whether it needs GPUs)
+    alone: `model` with every other workload held unplaced (lp.fix_outside), so the jobs' LP
+    packs them into all the room, quota and GPU sets there are. None if HiGHS does not solve
+    it within lp_time_limit_s.
 
     Why: in the relaxation of the whole batch GPU jobs are split across pools in proportions
     set together with the CPU work, and rounding that split (gpu-first) strands jobs the
@@ -588,7 +588,7 @@ def _family_alone_x(cs: CandidateSet, model: lp.Model, config: PlannerConfig
     """
     start = np.zeros(model.cost.size)
     start[model.u_start:model.n_start] = cs.replicas
-    alone = lp.fix_outside(model, start, np.flatnonzero(cs.demand[:, 2] > 0))
+    alone = lp.fix_outside(model, start, np.flatnonzero(family))
     try:
         relax = lp.solve_relaxation(alone, time_limit_s=config.lp_time_limit_s)
     except lp.SolverError:

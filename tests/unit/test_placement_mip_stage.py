@@ -281,7 +281,7 @@ def test_the_gpu_family_rounded_from_its_own_lp_packs_jobs_the_batchs_split_stra
     rounding.family_first(split, model, x, pen, gpu)
     assert split.placed(1) == 0
 
-    alone = planner._family_alone_x(cs, model, PlannerConfig())
+    alone = planner._family_alone_x(cs, model, gpu, PlannerConfig())
     assert alone is not None
     assert alone[model.u_start + 2] == pytest.approx(1.0)  # the CPU work is held out
     assert alone[col[(0, "a")]] == pytest.approx(1.0)
