@@ -287,6 +287,10 @@ class Pool:
     # Largest set of GPUs free on one node with the pool's interconnect (topology.py).
     largest_free_gpu_set: int = 0
     reclaim_rate_per_hour: float = 0.0  # spot reclaim hazard
+    # Seconds from ordering a node to its being Ready, as observed (the median of the pool's
+    # recent boots; placement/observed.py); None: not observed yet (the planner then assumes
+    # PlannerConfig.node_boot_s). The pool's ski-rental break-even (decisions.py).
+    boot_s: float | None = None
     # Per-node observed state; empty when only aggregates are known (then `nodes`/`used` rule).
     node_states: tuple[NodeState, ...] = ()
     # Replicas the broker placed on this pool (active placements) and how many of them are not

@@ -218,7 +218,8 @@ def fixed_weights() -> dict[str, float]:
     Each ActionSpec's default (the neutral zone's centre) by action name, the PolicyAction
     defaults the policy does not output (latency weight), and the DecisionConfig timers
     scale-in falls back to where no timer is set (`decision.<field>`), and the least idle
-    timer the planner lets an action set (`decision.policy_idle_min_s`, bounded_action).
+    timer the planner lets an action set (`decision.policy_idle_min_s`, bounded_action), and
+    whether node charges count the pools' measured boots (`decision.observed_boot`, 1 = yes).
     """
     cfg = DecisionConfig()
     out = {a.name: float(a.default) for a in ACTIONS}
@@ -226,6 +227,7 @@ def fixed_weights() -> dict[str, float]:
     out["decision.scale_in_idle_s"] = float(cfg.scale_in_idle_s)
     out["decision.forecast_idle_s"] = float(cfg.forecast_idle_s)
     out["decision.policy_idle_min_s"] = float(cfg.policy_idle_min_s)
+    out["decision.observed_boot"] = float(cfg.observed_boot)
     return out
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import operator
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -106,6 +107,36 @@ DEFAULT_BILLING_MIN_S = 60.0
 # Seconds from ordering a node to its being Ready (and paid all along): the twin's default
 # `provision_delay_s` (docs/twin.md); PlannerConfig.node_boot_s.
 NODE_BOOT_S = 120.0
+
+
+def boot_estimates(clusters: Sequence[Cluster], default: float, *, observed: bool = True
+                   ) -> dict[tuple[str, str], float]:
+    """Seconds a new node of each pool ((cluster, pool) -> s) is paid before it can run
+    anything (the boot in its node charge, `node_charges`): the pool's measured boot
+    (`Pool.boot_s`); for a pool not measured yet, the median of its provider's measured
+    pools (one provisioning path: the same API, machine images and node bootstrap), else of
+    every measured pool, else `default` (NODE_BOOT_S, the boot assumed; used only while no
+    boot at all was measured). Without `observed`, `default` everywhere.
+
+    Why the fallbacks: a pool charged the assumed 120 s beside pools measured at 300 s looks
+    cheaper to open for no reason but that nobody opened it yet (gpu-training: lp opened an
+    8-GPU node in the one cloud not yet measured and kept it busy with one-GPU jobs for
+    hours; docs/placement.md, "Measured boot times")."""
+    pairs = [(c, p) for c in clusters for p in c.pools]
+    if not observed or all(p.boot_s is None for _, p in pairs):
+        return {(c.name, p.name): default for c, p in pairs}
+    seen: dict[str, list[float]] = {}
+    every: list[float] = []
+    for c, p in pairs:
+        if p.boot_s is not None:
+            seen.setdefault(c.provider, []).append(p.boot_s)
+            every.append(p.boot_s)
+    fallback = {k: statistics.median(v) for k, v in seen.items()}
+    anywhere = statistics.median(every)
+    return {(c.name, p.name): p.boot_s if p.boot_s is not None
+            else fallback.get(c.provider, anywhere) for c, p in pairs}
+
+
 # The resources of a node, in the order of every O x 3 array here, as the LP's capacity rows
 # name them (lp_rows.py).
 RESOURCES = ("cpu", "memory", "gpu")
@@ -405,6 +436,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      site_cost_fraction: float = 1.0, packing: bool = False,
                      paid_cost_fraction: float = PAID_NODE_COST_FRACTION,
                      node_boot_s: float = NODE_BOOT_S, node_idle_s: float = 0.0,
+                     observed_boot: bool = False,
                      queued: Sequence[Workload] = (), columns: bool = True,
                      memo: PlanMemo | None = None) -> CandidateSet:
     """Feasibility, cost and the k best options of every pending workload.
@@ -413,7 +445,9 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     compute on paid nodes plus `node_usd` per new node; otherwise the per-replica model.
     `node_idle_s`: how long a node that has emptied stays paid before scale-in takes it (the
     policy's idle timer; the action's per-pool or per-cluster `idle_timeout_s` overrides it,
-    `PolicyAction.for_pool`), part of the packing model's node charge.
+    `PolicyAction.for_pool`), part of the packing model's node charge. `observed_boot`:
+    once some pool's boot was measured (`Pool.boot_s`), each pool's node charge counts its
+    `boot_estimates` instead of `node_boot_s` (decisions.DecisionConfig.observed_boot).
     `queued`: pending workloads not in this batch, for feasibility.py's reservation rule.
     `columns=False`: feasibility and cost only, for a caller that reads no LP columns
     (migrate.py): `cand` and `infeasible_counts` are empty per workload and `gpu_sets` has
@@ -453,7 +487,12 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                                            node_idle_s) for o in options], dtype=np.float64) \
             if action.idle_timeout_s or action.pool_idle_timeout_s \
             else np.full(len(options), float(node_idle_s))
-        node_usd = node_charges(options, feasible, wls, service_horizon_h, node_boot_s + idle_s,
+        boot: float | FloatArray = node_boot_s
+        if observed_boot and any(o.pool.boot_s is not None for o in options):
+            est = boot_estimates(snapshot.clusters, node_boot_s)
+            boot = np.array([est[o.cluster.name, o.pool.name] for o in options],
+                            dtype=np.float64)
+        node_usd = node_charges(options, feasible, wls, service_horizon_h, boot + idle_s,
                                 table=table)
     cost = compute + egress  # then in place, left to right as `compute + egress + ...` adds
     cost += latency

@@ -93,6 +93,11 @@ class DecisionConfig:
     # timer removes a node sooner than buying it back costs. Policies' own defaults
     # (karpenter's 0 s) are not actions and keep their values. 0 = any timer.
     policy_idle_min_s: float = NODE_BOOT_S
+    # Charge each pool's new node its measured boot (Pool.boot_s, observed.py rule 6;
+    # candidates.boot_estimates) instead of the assumed NODE_BOOT_S in the packing model's
+    # node charge. The timers above stay as set: a pool's measured boot as its timer was
+    # tried and not kept (docs/placement.md, "Measured boot times"). False: NODE_BOOT_S.
+    observed_boot: bool = True
     # Backoff: first wait, cap (kube-scheduler's 5 min), and the least wait after capacity grew.
     retry_base_s: float = 10.0
     retry_max_s: float = 300.0

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from broker.domain import Assignment, FederationSnapshot, Placement, PolicyAction
-from broker.placement.candidates import CandidateSet, FloatArray, build_candidates
+from broker.placement.candidates import CandidateSet, FloatArray
 from broker.placement.decisions import bounded_action
 from broker.placement.feasibility import family_masks, may_use, size_for_slo
 from broker.placement.ledger import Ledger
@@ -329,7 +329,12 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
     Hard constraints still hold: if the forced cluster is infeasible for the
     workload it ends up unplaced and the answer says which family forbids it.
     """
-    from broker.placement.planner import SLO_QUEUEING_POLICIES, PlannerError, plan_candidates
+    from broker.placement.planner import (
+        SLO_QUEUEING_POLICIES,
+        PlannerError,
+        candidates,
+        plan_candidates,
+    )
 
     if policy in SLO_QUEUEING_POLICIES:  # as plan_epoch sizes them, so "before" is the plan
         snapshot = replace(snapshot, pending=size_for_slo(snapshot, snapshot.pending)[0])
@@ -342,12 +347,7 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
     if not any(c.name == force_cluster and may_use(tenant, c) for c in snapshot.clusters):
         raise PlannerError(f"unknown cluster {force_cluster!r}")
     # The cost model of plan_epoch (site pricing, packing), so "before" is the real plan.
-    cs = build_candidates(snapshot, action, k=config.k_candidates,
-                          service_horizon_h=config.service_horizon_h,
-                          site_cost_fraction=config.site_cost_fraction,
-                          packing=config.packing, paid_cost_fraction=config.paid_cost_fraction,
-                          node_boot_s=config.node_boot_s,
-                          node_idle_s=config.decisions.forecast_idle_s)
+    cs = candidates(snapshot, action, config)
     base = plan_candidates(cs, snapshot, config, policy=policy)
     w = ids.index(workload_id)
     in_cluster = np.array([o.cluster.name == force_cluster for o in cs.options], dtype=bool)

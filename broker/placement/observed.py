@@ -20,6 +20,11 @@ observed fields replaced. The rules, in order (docs/snapshot.md has the table):
    the largest NVLink-connected free set (topology.py) for NVLink-pair nodes, whose used
    GPUs are taken to be the lowest ids (what topology.allocate prefers).
 5. Spot reclaims: `reclaims / max(1, hours observed)`, the twin's formula.
+6. Boot time (`Pool.boot_s`): the inventory's `boots` for the pool, seconds from ordering a
+   node to its being Ready, the median of the pool's last `BOOT_SAMPLES` boots (`boot_s`);
+   a pool none of whose boots was measured keeps its value (None: the planner's default).
+   The twin measures each node it orders (sim/state.py); the live poller does not yet
+   (planned: it needs the actuator's order time), so live pools plan with the default.
 
 Demand (`demand_rate`): the EWMA of requested resources per second with time constant tau,
 sum_i r_i / tau * exp(-(now - t_i) / tau) over placements i of r_i at t_i. The twin keeps the
@@ -101,6 +106,9 @@ class Inventory:
     reclaims: Mapping[str, int] = field(default_factory=dict)  # pool -> nodes reclaimed
     since_s: float = 0.0
     observations: Mapping[str, PoolObservation] = field(default_factory=dict)
+    # pool -> seconds from ordering a node to its Ready, as measured (rule 6); pools with no
+    # boot measured yet are absent.
+    boots: Mapping[str, float] = field(default_factory=dict)
 
 
 def leaving(node: ObservedNode) -> NodeLeaving:
@@ -161,23 +169,26 @@ def reclaim_rate_per_hour(reclaims: int, since_s: float, now_s: float) -> float:
 
 
 def observed_pool(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 0,
-                  since_s: float = 0.0, now_s: float = 0.0) -> Pool:
-    """`pool` with rules 3-5 of the module docstring applied to its observed `nodes`."""
+                  since_s: float = 0.0, now_s: float = 0.0, boot_s: float | None = None) -> Pool:
+    """`pool` with rules 3-6 of the module docstring applied to its observed `nodes`."""
     return replace(pool, **observed_fields(pool, nodes, reclaims=reclaims, since_s=since_s,
-                                           now_s=now_s))  # type: ignore[arg-type]
+                                           now_s=now_s, boot_s=boot_s))  # type: ignore[arg-type]
 
 
 def observed_fields(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 0,
                     since_s: float = 0.0, now_s: float = 0.0,
-                    observation: PoolObservation | None = None) -> dict[str, object]:
-    """The `Pool` fields rules 3-5 replace (so a caller can make one copy of the pool);
-    `observation`: `observe(pool, nodes)` already computed (then `nodes` is not read)."""
+                    observation: PoolObservation | None = None,
+                    boot_s: float | None = None) -> dict[str, object]:
+    """The `Pool` fields rules 3-6 replace (so a caller can make one copy of the pool);
+    `observation`: `observe(pool, nodes)` already computed (then `nodes` is not read);
+    `boot_s`: the inventory's measured boot for the pool (rule 6), None where none was."""
     obs = observation if observation is not None else observe(pool, nodes)
     return {"node": pool.node if obs.node is None else obs.node,
             "nodes": obs.nodes, "max_nodes": max(pool.max_nodes, obs.nodes),
             "used": obs.used, "node_states": obs.node_states,
             "largest_free_gpu_set": obs.largest_free_gpu_set,
-            "reclaim_rate_per_hour": reclaim_rate_per_hour(reclaims, since_s, now_s)}
+            "reclaim_rate_per_hour": reclaim_rate_per_hour(reclaims, since_s, now_s),
+            "boot_s": pool.boot_s if boot_s is None else boot_s}
 
 
 def observe(pool: Pool, nodes: Sequence[ObservedNode],
@@ -240,8 +251,24 @@ def observed_pools(pools: Sequence[Pool], inventory: Inventory, now_s: float
     """Every registered pool with its observed nodes; and how many nodes matched no pool."""
     by_pool, stray = nodes_by_pool(pools, inventory)
     out = tuple(observed_pool(p, by_pool[p.name], reclaims=inventory.reclaims.get(p.name, 0),
-                              since_s=inventory.since_s, now_s=now_s) for p in pools)
+                              since_s=inventory.since_s, now_s=now_s,
+                              boot_s=inventory.boots.get(p.name)) for p in pools)
     return out, stray
+
+
+# Boots a pool's measured boot time is the median of (rule 6): recent enough to follow a
+# provider that got slower, enough that one slow boot does not move it.
+BOOT_SAMPLES = 8
+
+
+def boot_s(samples: Sequence[float]) -> float | None:
+    """Rule 6: the median of the last BOOT_SAMPLES measured boots (seconds, finite and
+    >= 0 kept), None without one."""
+    kept = sorted(x for x in samples[-BOOT_SAMPLES:] if math.isfinite(x) and x >= 0.0)
+    if not kept:
+        return None
+    mid = len(kept) // 2
+    return kept[mid] if len(kept) % 2 else (kept[mid - 1] + kept[mid]) / 2.0
 
 
 # ---- demand ----------------------------------------------------------------------------

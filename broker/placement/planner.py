@@ -331,7 +331,8 @@ def candidates(snapshot: FederationSnapshot, action: PolicyAction,
                             packing=config.packing,
                             paid_cost_fraction=config.paid_cost_fraction,
                             node_boot_s=config.node_boot_s,
-                            node_idle_s=config.decisions.forecast_idle_s, queued=queued,
+                            node_idle_s=config.decisions.forecast_idle_s,
+                            observed_boot=config.decisions.observed_boot, queued=queued,
                             memo=memo)
 
 

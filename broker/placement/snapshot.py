@@ -454,14 +454,14 @@ def _cluster_inputs(member: Member, inv: Inventory | None, usage: UsageReading |
         return None
     c = member.cluster
     name = c.name
-    obs = reclaims = None
+    obs = reclaims = boots = None
     hours = 0.0  # the reclaim rates' divisor (`reclaim_rate_per_hour`), where one counts
     if inv is not None:
-        obs, reclaims = inv.observations, inv.reclaims
+        obs, reclaims, boots = inv.observations, inv.reclaims, inv.boots
         if any(reclaims.values()):
             hours = max((inputs.now_s - inv.since_s) / 3600.0, 1.0)
     released = inputs.released
-    return (member, obs, reclaims, hours,
+    return (member, obs, reclaims, boots, hours,
             tuple([inputs.replicas.get((name, p.name)) for p in c.pools]),
             tuple([released.get((name, p.name)) for p in c.pools]) if released else None)
 
@@ -472,12 +472,14 @@ def _pool_inputs(p: Pool, pair: Pair, inv: Inventory | None, usage: UsageReading
     when the pool's nodes come raw rather than as a `PoolObservation`)."""
     obs = None
     rate = 0.0
+    boot: float | None = None
     if inv is not None:
         obs = inv.observations.get(p.name)
         if obs is None:
             return None
         rate = reclaim_rate_per_hour(inv.reclaims.get(p.name, 0), inv.since_s, inputs.now_s)
-    return (p, obs, inv is None, rate, price,
+        boot = inv.boots.get(p.name)
+    return (p, obs, inv is None, rate, boot, price,
             None if usage is None else usage.pools.get(p.name),
             inputs.released.get(pair), inputs.replicas.get(pair))
 
@@ -496,7 +498,8 @@ def _merge_pool(p: Pool, cluster: str, inv: Inventory | None,
     if inv is not None:
         changes = observed_fields(p, by_pool[p.name], reclaims=inv.reclaims.get(p.name, 0),
                                   since_s=inv.since_s, now_s=inputs.now_s,
-                                  observation=inv.observations.get(p.name))
+                                  observation=inv.observations.get(p.name),
+                                  boot_s=inv.boots.get(p.name))
     if usage is not None and (m := usage.pools.get(p.name)) is not None:
         used = changes.get("used", p.used)
         assert isinstance(used, Resources)

@@ -197,7 +197,7 @@ def add_nodes(eng: Engine, c: SimCluster, p: SimPool, count: int, *,
         delay += physics.CA_SCAN_INTERVAL_S
     elif eng.config.policy == "karpenter":
         delay += physics.KARPENTER_BATCH_IDLE_S
-    added = p.add_nodes(count, eng.now + delay, prewarmed=prewarmed)
+    added = p.add_nodes(count, eng.now + delay, prewarmed=prewarmed, ordered_at=eng.now)
     if added:
         eng.metrics.pools_changed()
         eng.capacity_grew()

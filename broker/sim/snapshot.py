@@ -319,19 +319,22 @@ def member_inputs(c: SimCluster, now: float, *, reuse: bool = True
                   ) -> tuple[Member, Inventory]:
     """`c` as the merge's member (`registration`) and its inventory (`observations`, the
     reclaims), the very objects of last time while nothing in them changed: health, quota,
-    and each pool's version (its nodes), price and reclaims the same, no booting node up
-    since. The inventory is then the reading made at its `observed_s`, still current (the
-    twin's merge ages nothing, `TWIN_MERGE`), and the merge keeps the whole member
-    (`MergeMemo`) after one look at it."""
+    and each pool's version (its nodes), price, reclaims and measured boot the same, no
+    booting node up since. The inventory is then the reading made at its `observed_s`,
+    still current (the twin's merge ages nothing, `TWIN_MERGE`), and the merge keeps the
+    whole member (`MergeMemo`) after one look at it."""
+    boots = tuple([p.observed_boot_s(now) for p in c.pools])
     key = (c.healthy(now), c.quota_vcpu, tuple(map(_VERSION, c.pools)),
-           tuple(map(_PRICE_FACTOR, c.pools)), tuple(map(_RECLAIMS, c.pools)))
+           tuple(map(_PRICE_FACTOR, c.pools)), tuple(map(_RECLAIMS, c.pools)), boots)
     kept = c.inputs
     if reuse and kept is not None and kept[0] == key and now < kept[1]:
         return kept[2], kept[3]
     member = registration(c, now)
     inv = Inventory(observed_s=now, reclaims={p.name: p.reclaims for p in c.pools},
                     since_s=0.0,
-                    observations=observations(c, member.cluster.pools, now, reuse=reuse))
+                    observations=observations(c, member.cluster.pools, now, reuse=reuse),
+                    boots={p.name: b for p, b in zip(c.pools, boots, strict=True)
+                           if b is not None})
     until = c.observations[1] if c.observations is not None else -math.inf
     c.inputs = (key, until, member, inv)
     return member, inv

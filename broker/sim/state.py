@@ -24,7 +24,14 @@ from itertools import compress
 
 from broker.domain import NodeState, Placement, Resources, Workload
 from broker.placement.consolidate import CA_UTILIZATION_THRESHOLD
-from broker.placement.observed import Inventory, ObservedNode, PoolObservation, decayed
+from broker.placement.observed import (
+    BOOT_SAMPLES,
+    Inventory,
+    ObservedNode,
+    PoolObservation,
+    boot_s,
+    decayed,
+)
 from broker.placement.snapshot import Member
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
 
@@ -153,6 +160,9 @@ class SimPool:
     # snapshot's replica counts without walking every workload each epoch.
     replicas_placed: int = 0
     replicas_starting: int = 0
+    # (ready_at, seconds from the order to it) of the pool's last node orders (`add_nodes`):
+    # what the pool's boots measure once they are up (`observed_boot_s`).
+    boots: list[tuple[float, float]] = field(default_factory=list)
 
     # The spec's name and node shape, as plain attributes (read millions of times a day).
     name: str = field(init=False, repr=False, compare=False)
@@ -356,9 +366,14 @@ class SimPool:
                 taken.append(n)
         return taken
 
-    def add_nodes(self, count: int, ready_at: float, *, prewarmed: bool = False) -> int:
-        """Order nodes; each goes to the zone with the fewest nodes (zone-balanced groups)."""
+    def add_nodes(self, count: int, ready_at: float, *, prewarmed: bool = False,
+                  ordered_at: float | None = None) -> int:
+        """Order nodes; each goes to the zone with the fewest nodes (zone-balanced groups).
+        `ordered_at`: when they were ordered, so their boot is measured (`boots`)."""
         count = max(0, min(count, self.spec.max_nodes - self.nodes))
+        if count and ordered_at is not None:
+            self.boots.append((ready_at, ready_at - ordered_at))
+            del self.boots[:-2 * BOOT_SAMPLES]
         per_zone = [0] * max(1, self.zones)  # kept as nodes come: one count, not one a node
         for n in self.node_list:
             per_zone[n.zone % len(per_zone)] += 1
@@ -370,6 +385,12 @@ class SimPool:
                                        underused_since=ready_at))
         self.changed()
         return count
+
+    def observed_boot_s(self, now: float) -> float | None:
+        """The pool's measured boot time at `now` (observed.boot_s over the orders whose
+        nodes are up by then), None before the first is up: what a broker that timed its
+        own orders would know (observed.py rule 6)."""
+        return boot_s([d for r, d in self.boots if r <= now])
 
     def check(self) -> None:
         eps = 1e-6
