@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from broker.domain import FederationSnapshot, Pool
 from broker.federation.metrics import DECISIONS
 from broker.federation.migration import migration_spec
+from broker.placement.observed import BOOT_SAMPLES, boot_s
 from broker.placement.planner import EpochPlan, Prewarm
 from broker.store import DecisionRecord, UnitOfWork
 
@@ -146,6 +147,26 @@ def ordered_nodes(open_decisions: list[DecisionRecord]) -> dict[tuple[str, str],
         if d.kind in ORDER_KINDS and "target_nodes" in d.spec:
             key = (d.cluster, d.pool)
             out[key] = max(out.get(key, 0), int(d.spec["target_nodes"]))
+    return out
+
+
+def measured_boots(decisions: Sequence[DecisionRecord]) -> dict[tuple[str, str], float]:
+    """(cluster, pool) -> the pool's measured boot (observed.boot_s: the median of its last
+    BOOT_SAMPLES) over done node orders (`decisions` newest first) that carry one: the
+    actuator's `boot_s`, seconds from ordering to every ordered node in the inventory."""
+    samples: dict[tuple[str, str], list[float]] = {}
+    for d in decisions:
+        v = d.spec.get("boot_s")
+        if d.kind not in ORDER_KINDS or d.state != "done" or \
+                not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        got = samples.setdefault((d.cluster, d.pool), [])
+        if len(got) < BOOT_SAMPLES:
+            got.append(float(v))
+    out: dict[tuple[str, str], float] = {}
+    for key, xs in samples.items():
+        if (b := boot_s(xs[::-1])) is not None:  # oldest first, as boot_s takes them
+            out[key] = b
     return out
 
 

@@ -44,7 +44,7 @@ from broker.domain import (
     WorkloadStatus,
     replicas_short,
 )
-from broker.federation.decision_log import ordered_nodes
+from broker.federation.decision_log import measured_boots, ordered_nodes
 from broker.federation.quarantine import Quarantine
 from broker.placement.commitments import committed_usage
 from broker.placement.decisions import DecisionConfig, due
@@ -72,6 +72,10 @@ from broker.store import ClusterRecord, InventoryRecord, SiteRecord, Store, Unit
 log = logging.getLogger(__name__)
 
 Pair = tuple[str, str]
+# The newest node orders read for the pools' measured boots each epoch: enough for the last
+# BOOT_SAMPLES of every pool that scales often; a pool ordered from further back keeps the
+# planner's assumed boot until it is ordered again.
+BOOT_ORDERS_READ = 500
 
 
 def decision_config(placement: PlacementSettings) -> DecisionConfig:
@@ -103,6 +107,8 @@ class Readings:
     demand: Mapping[Pair, tuple[float, float, float]] = field(default_factory=dict)
     tenants: tuple[Any, ...] = ()
     ordered: Mapping[Pair, int] | None = None  # nodes on order (open scale decisions)
+    # measured boot per pool (done node orders: decision_log.measured_boots)
+    boots: Mapping[Pair, float] = field(default_factory=dict)
     displaced: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # failover homes
     # workload id -> the id of its active placement (of `running`)
     placement_ids: Mapping[str, str] = field(default_factory=dict)
@@ -177,7 +183,8 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
     """One consistent read of every sensor (see the module docstring).
 
     `cache` (the placement loop's) reads each active placement and running spec once;
-    `orders` adds the nodes on order (the actuator's open scale decisions)."""
+    `orders` adds the nodes on order (the actuator's open scale decisions) and each pool's
+    measured boot (its done ones, of the newest BOOT_ORDERS_READ)."""
     now = uow.now
     clusters = tuple(await uow.clusters.list_records())
     sites = tuple(await uow.sites.list_records())
@@ -197,13 +204,15 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
         workloads = await uow.workloads.get_many(sorted(pids)) if pids else {}
     ordered = ordered_nodes(await uow.decisions.list_open(kinds=("scale", "prewarm"))) \
         if orders else None
+    boots = measured_boots(await uow.decisions.list(kind="scale", limit=BOOT_ORDERS_READ)) \
+        if orders else {}
     displaced = await uow.workloads.displaced(sorted(workloads)) if workloads else {}
     return Readings(now_s=now, clusters=clusters, sites=sites, inventory=inventory,
                     prices=prices, quotas=quotas, pending=tuple(pending),
                     running=tuple(placed), workloads=workloads,
                     demand=await uow.demand.list() if running else {},
                     tenants=tuple(await uow.tenants.list()), ordered=ordered,
-                    displaced=displaced, placement_ids=pids)
+                    displaced=displaced, placement_ids=pids, boots=boots)
 
 
 async def with_top_ups(uow: UnitOfWork, r: Readings, *, batch_max: int,
@@ -387,7 +396,8 @@ class SnapshotReader:
         sites = tuple(_site_member(s) for s in r.sites)
         inputs = MergeInputs(
             now_s=r.now_s, members=members, sites=sites,
-            inventory={k: Inventory(v.observed_s, v.nodes, v.reclaims, v.since_s)
+            inventory={k: Inventory(v.observed_s, v.nodes, v.reclaims, v.since_s,
+                                    boots={p: b for (c, p), b in r.boots.items() if c == k})
                        for k, v in r.inventory.items()},
             prices=r.prices, quotas=r.quotas,
             usage={c.cluster.name: u for c in r.clusters

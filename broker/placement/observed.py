@@ -23,8 +23,9 @@ observed fields replaced. The rules, in order (docs/snapshot.md has the table):
 6. Boot time (`Pool.boot_s`): the inventory's `boots` for the pool, seconds from ordering a
    node to its being Ready, the median of the pool's last `BOOT_SAMPLES` boots (`boot_s`);
    a pool none of whose boots was measured keeps its value (None: the planner's default).
-   The twin measures each node it orders (sim/state.py); the live poller does not yet
-   (planned: it needs the actuator's order time), so live pools plan with the default.
+   The twin measures each node it orders (sim/state.py); live, the actuator measures each
+   node order it carries out and the snapshot reads the done ones
+   (federation/decision_log.py `measured_boots`).
 
 Demand (`demand_rate`): the EWMA of requested resources per second with time constant tau,
 sum_i r_i / tau * exp(-(now - t_i) / tau) over placements i of r_i at t_i. The twin keeps the

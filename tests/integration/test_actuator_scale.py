@@ -137,6 +137,36 @@ async def test_the_planner_orders_a_node_the_actuator_adds_it_and_the_work_runs(
         assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.RUNNING
 
 
+async def test_a_done_order_measures_the_pools_boot_and_the_next_snapshot_charges_it(
+        store: Store) -> None:  # noqa: F811
+    """The order is done once its node is in the inventory, BOOT_S after it was placed: the
+    actuator records that boot, and the loop's next snapshot gives the pool that boot
+    (observed.py rule 6) instead of None, the planner's assumed 120 s."""
+    clock = ManualClock(1000.0)
+    await _setup(store, [_cluster("grow")])
+    drivers: dict[str, ClusterDriver] = {"grow": _driver("grow", clock)}
+    loop = _loop(store, clock, drivers)
+    await _submit(store, _web("web", 3))
+    await InventoryPoller(store, drivers, clock).poll_once()
+    before = await loop.snapshot()
+    assert before is not None
+    assert [p.boot_s for p in before.clusters[0].pools] == [None]
+    plan = await loop.tick()
+    assert plan is not None
+    assert plan.scale == (PoolScale("grow", "cpu", 1),)
+    await Dispatcher(store, drivers, clock).dispatch_once()
+    act = Actuator(store, drivers, clock)
+    await act.act_once()  # ordered
+    clock.advance(BOOT_S)
+    await act.act_once()  # joined: done
+    done = await _events(store, "scale.done")
+    assert [d["boot_s"] for _, d in done] == [pytest.approx(BOOT_S)]
+    await InventoryPoller(store, drivers, clock).poll_once()  # as the running broker does
+    after = await loop.snapshot()
+    assert after is not None
+    assert [p.boot_s for p in after.clusters[0].pools] == [pytest.approx(BOOT_S)]
+
+
 async def test_a_pool_that_cannot_scale_is_never_ordered_and_an_order_is_refused(
         store: Store) -> None:  # noqa: F811
     clock = ManualClock(1000.0)

@@ -9,11 +9,13 @@ import math
 import pytest
 
 from broker.domain import Cluster, PolicyAction, WorkloadKind
+from broker.federation.decision_log import measured_boots
 from broker.placement.candidates import NODE_BOOT_S, boot_estimates, build_candidates
 from broker.placement.decisions import DecisionConfig
 from broker.placement.observed import BOOT_SAMPLES, Inventory, boot_s, observed_pools
 from broker.placement.planner import PlannerConfig, candidates, plan_epoch
 from broker.sim.snapshot import build_snapshot
+from broker.store import DecisionRecord
 
 from .placement_world import pool, snapshot, workload
 from .test_twin_engine import doc, run, scenario
@@ -121,3 +123,21 @@ def test_the_twin_measures_the_boot_of_the_nodes_it_orders() -> None:
     assert p.observed_boot_s(ready_at) == pytest.approx(100.0)
     snap = build_snapshot(eng, [])
     assert [q.boot_s for c in snap.clusters for q in c.pools] == [pytest.approx(100.0)]
+
+
+def _order(cluster: str, pool: str, boot: object, *, state: str = "done",
+           kind: str = "scale") -> DecisionRecord:
+    return DecisionRecord(id=0, kind=kind, key=f"pool:{cluster}/{pool}", tenant=None,
+                          cluster=cluster, pool=pool, workload_id="",
+                          spec={"target_nodes": 2, "boot_s": boot}, state=state)
+
+
+def test_the_live_boot_is_the_median_of_a_pools_last_done_orders() -> None:
+    """Newest first, as the store lists them: only done orders with a numeric boot count,
+    and only the newest BOOT_SAMPLES of a pool."""
+    newest_first = ([_order("a", "p", 60.0)] * BOOT_SAMPLES + [_order("a", "p", 900.0)]
+                    + [_order("b", "q", 200.0), _order("b", "q", 100.0, state="failed"),
+                       _order("b", "q", "300"), _order("b", "q", True),
+                       _order("c", "r", 50.0, kind="scale_in")])
+    assert measured_boots(newest_first) == {("a", "p"): 60.0, ("b", "q"): 200.0}
+    assert measured_boots([]) == {}
