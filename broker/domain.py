@@ -289,7 +289,7 @@ class Pool:
     reclaim_rate_per_hour: float = 0.0  # spot reclaim hazard
     # Seconds from ordering a node to its being Ready, as observed (the median of the pool's
     # recent boots; placement/observed.py); None: not observed yet (the planner then assumes
-    # PlannerConfig.node_boot_s). The pool's ski-rental break-even (decisions.py).
+    # PlannerConfig.node_boot_s). The boot in its node charge (candidates.boot_estimates).
     boot_s: float | None = None
     # Per-node observed state; empty when only aggregates are known (then `nodes`/`used` rule).
     node_states: tuple[NodeState, ...] = ()

@@ -260,12 +260,14 @@ def observed_pools(pools: Sequence[Pool], inventory: Inventory, now_s: float
 # Boots a pool's measured boot time is the median of (rule 6): recent enough to follow a
 # provider that got slower, enough that one slow boot does not move it.
 BOOT_SAMPLES = 8
+# A reading above this is not a boot (a clock jump, a hand-edited record): dropped.
+BOOT_MAX_S = 86_400.0
 
 
 def boot_s(samples: Sequence[float]) -> float | None:
-    """Rule 6: the median of the last BOOT_SAMPLES measured boots (seconds, finite and
-    >= 0 kept), None without one."""
-    kept = sorted(x for x in samples[-BOOT_SAMPLES:] if math.isfinite(x) and x >= 0.0)
+    """Rule 6: the median of the last BOOT_SAMPLES measured boots (seconds in
+    [0, BOOT_MAX_S] kept), None without one."""
+    kept = sorted(x for x in samples[-BOOT_SAMPLES:] if 0.0 <= x <= BOOT_MAX_S)
     if not kept:
         return None
     mid = len(kept) // 2
