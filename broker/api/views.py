@@ -112,7 +112,8 @@ def _pool_view(p: Pool) -> dict[str, Any]:
             "nodes": p.nodes, "maxNodes": p.max_nodes,
             "priceUsdPerHour": p.price_usd_per_hour, "pricing": str(p.pricing),
             "gpuModel": p.gpu_model, "interconnect": str(p.interconnect),
-            "used": {"cpu": p.used.cpu, "memory": p.used.memory_gib, "gpu": p.used.gpu}}
+            "used": {"cpu": p.used.cpu, "memory": p.used.memory_gib, "gpu": p.used.gpu},
+            "bootS": p.boot_s}
 
 
 def cluster_view(r: ClusterRecord) -> dict[str, Any]:

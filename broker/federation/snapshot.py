@@ -179,12 +179,13 @@ def rtts_of(sites: Sequence[SiteRecord], aliases: Mapping[str, str]) -> tuple[Rt
 
 async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                running: bool = True, cache: RunningCache | None = None,
-               orders: bool = False) -> Readings:
+               orders: bool = False, boots: bool | None = None) -> Readings:
     """One consistent read of every sensor (see the module docstring).
 
     `cache` (the placement loop's) reads each active placement and running spec once;
-    `orders` adds the nodes on order (the actuator's open scale decisions) and each pool's
-    measured boot (its done ones, of the newest BOOT_ORDERS_READ)."""
+    `orders` adds the nodes on order (the actuator's open scale decisions); `boots` (by
+    default as `orders`) each pool's measured boot (its done node orders, of the newest
+    BOOT_ORDERS_READ)."""
     now = uow.now
     clusters = tuple(await uow.clusters.list_records())
     sites = tuple(await uow.sites.list_records())
@@ -204,15 +205,15 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
         workloads = await uow.workloads.get_many(sorted(pids)) if pids else {}
     ordered = ordered_nodes(await uow.decisions.list_open(kinds=("scale", "prewarm"))) \
         if orders else None
-    boots = measured_boots(await uow.decisions.list(kind="scale", limit=BOOT_ORDERS_READ)) \
-        if orders else {}
+    measured = measured_boots(await uow.decisions.list(kind="scale", limit=BOOT_ORDERS_READ)) \
+        if (orders if boots is None else boots) else {}
     displaced = await uow.workloads.displaced(sorted(workloads)) if workloads else {}
     return Readings(now_s=now, clusters=clusters, sites=sites, inventory=inventory,
                     prices=prices, quotas=quotas, pending=tuple(pending),
                     running=tuple(placed), workloads=workloads,
                     demand=await uow.demand.list() if running else {},
                     tenants=tuple(await uow.tenants.list()), ordered=ordered,
-                    displaced=displaced, placement_ids=pids, boots=boots)
+                    displaced=displaced, placement_ids=pids, boots=measured)
 
 
 async def with_top_ups(uow: UnitOfWork, r: Readings, *, batch_max: int,
@@ -481,7 +482,7 @@ class SnapshotReader:
         from broker.errors import NotFoundError
 
         async with store.unit() as uow:
-            r = await read(uow, running=False)
+            r = await read(uow, running=False, boots=True)
         inputs = self.inputs(r, network=False)
         members = {m.cluster.name: m for m in members_of(inputs)}
         record: ClusterRecord | SiteRecord | None = next(

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from broker.api.views import cluster_detail_view, cluster_view
 from broker.clock import ManualClock
 from broker.domain import (
     Cluster,
@@ -27,8 +28,9 @@ from broker.federation.inventory import InventoryPoller
 from broker.federation.placement_loop import PlacementLoop
 from broker.federation.reconciler import Reconciler
 from broker.federation.scaling import scalable_pools
+from broker.federation.snapshot import SnapshotReader
 from broker.placement.planner import EpochPlan, PoolScale, PoolScaleIn, SolveStats
-from broker.settings import ActuatorSettings, PlacementSettings
+from broker.settings import ActuatorSettings, PlacementSettings, SnapshotSettings
 from broker.store import ClusterRecord, Store
 from providers.base import ClusterDriver
 from providers.simulated import SimPool, SimulatedClusterDriver
@@ -165,6 +167,14 @@ async def test_a_done_order_measures_the_pools_boot_and_the_next_snapshot_charge
     after = await loop.snapshot()
     assert after is not None
     assert [p.boot_s for p in after.clusters[0].pools] == [pytest.approx(BOOT_S)]
+    # The operator sees it where the planner's values are shown (GET /v1/clusters/{name}).
+    merged, readings, record = await SnapshotReader(SnapshotSettings(), PlacementSettings()
+                                                    ).cluster(store, "grow", tenant=None)
+    assert isinstance(record, ClusterRecord)
+    view = cluster_detail_view(cluster_view(record), merged, readings.inventory.get("grow"),
+                               None, None, clock.now())
+    assert [p["bootS"] for p in view["effective"]["pools"]] == [pytest.approx(BOOT_S)]
+    assert [p["bootS"] for p in view["pools"]] == [None]  # the registration
 
 
 async def test_a_pool_that_cannot_scale_is_never_ordered_and_an_order_is_refused(
