@@ -150,8 +150,8 @@ def ordered_nodes(open_decisions: list[DecisionRecord]) -> dict[tuple[str, str],
     return out
 
 
-def measured_boots(decisions: Sequence[DecisionRecord]) -> dict[tuple[str, str], float]:
-    """(cluster, pool) -> the pool's measured boot (observed.boot_s: the median of its last
+def measured_boots(decisions: Sequence[DecisionRecord]) -> dict[str, dict[str, float]]:
+    """cluster -> pool -> the pool's measured boot (observed.boot_s: the median of its last
     BOOT_SAMPLES) over done node orders (`decisions` newest first) that carry one: the
     actuator's `boot_s`, seconds from ordering to every ordered node in the inventory."""
     samples: dict[tuple[str, str], list[float]] = {}
@@ -163,10 +163,10 @@ def measured_boots(decisions: Sequence[DecisionRecord]) -> dict[tuple[str, str],
         got = samples.setdefault((d.cluster, d.pool), [])
         if len(got) < BOOT_SAMPLES:
             got.append(float(v))
-    out: dict[tuple[str, str], float] = {}
-    for key, xs in samples.items():
+    out: dict[str, dict[str, float]] = {}
+    for (cluster, pool), xs in samples.items():
         if (b := boot_s(xs[::-1])) is not None:  # oldest first, as boot_s takes them
-            out[key] = b
+            out.setdefault(cluster, {})[pool] = b
     return out
 
 

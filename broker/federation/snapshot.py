@@ -72,9 +72,9 @@ from broker.store import ClusterRecord, InventoryRecord, SiteRecord, Store, Unit
 log = logging.getLogger(__name__)
 
 Pair = tuple[str, str]
-# The newest node orders read for the pools' measured boots each epoch: enough for the last
-# BOOT_SAMPLES of every pool that scales often; a pool ordered from further back keeps the
-# planner's assumed boot until it is ordered again.
+# The newest done node orders read for the pools' measured boots each epoch: enough for the
+# last BOOT_SAMPLES of every pool that scales often; a pool ordered from further back keeps
+# the planner's assumed boot until it is ordered again.
 BOOT_ORDERS_READ = 500
 
 
@@ -107,8 +107,8 @@ class Readings:
     demand: Mapping[Pair, tuple[float, float, float]] = field(default_factory=dict)
     tenants: tuple[Any, ...] = ()
     ordered: Mapping[Pair, int] | None = None  # nodes on order (open scale decisions)
-    # measured boot per pool (done node orders: decision_log.measured_boots)
-    boots: Mapping[Pair, float] = field(default_factory=dict)
+    # cluster -> pool -> measured boot (done node orders: decision_log.measured_boots)
+    boots: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     displaced: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # failover homes
     # workload id -> the id of its active placement (of `running`)
     placement_ids: Mapping[str, str] = field(default_factory=dict)
@@ -179,13 +179,12 @@ def rtts_of(sites: Sequence[SiteRecord], aliases: Mapping[str, str]) -> tuple[Rt
 
 async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                running: bool = True, cache: RunningCache | None = None,
-               orders: bool = False, boots: bool | None = None) -> Readings:
+               orders: bool = False, boots: bool = False) -> Readings:
     """One consistent read of every sensor (see the module docstring).
 
     `cache` (the placement loop's) reads each active placement and running spec once;
-    `orders` adds the nodes on order (the actuator's open scale decisions); `boots` (by
-    default as `orders`) each pool's measured boot (its done node orders, of the newest
-    BOOT_ORDERS_READ)."""
+    `orders` adds the nodes on order (the actuator's open scale decisions); `boots` each
+    pool's measured boot (from the newest BOOT_ORDERS_READ done ones)."""
     now = uow.now
     clusters = tuple(await uow.clusters.list_records())
     sites = tuple(await uow.sites.list_records())
@@ -205,8 +204,8 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
         workloads = await uow.workloads.get_many(sorted(pids)) if pids else {}
     ordered = ordered_nodes(await uow.decisions.list_open(kinds=("scale", "prewarm"))) \
         if orders else None
-    measured = measured_boots(await uow.decisions.list(kind="scale", limit=BOOT_ORDERS_READ)) \
-        if (orders if boots is None else boots) else {}
+    measured = measured_boots(await uow.decisions.list(
+        kind="scale", states=("done",), limit=BOOT_ORDERS_READ)) if boots else {}
     displaced = await uow.workloads.displaced(sorted(workloads)) if workloads else {}
     return Readings(now_s=now, clusters=clusters, sites=sites, inventory=inventory,
                     prices=prices, quotas=quotas, pending=tuple(pending),
@@ -398,7 +397,7 @@ class SnapshotReader:
         inputs = MergeInputs(
             now_s=r.now_s, members=members, sites=sites,
             inventory={k: Inventory(v.observed_s, v.nodes, v.reclaims, v.since_s,
-                                    boots={p: b for (c, p), b in r.boots.items() if c == k})
+                                    boots=r.boots.get(k, {}))
                        for k, v in r.inventory.items()},
             prices=r.prices, quotas=r.quotas,
             usage={c.cluster.name: u for c in r.clusters
@@ -453,7 +452,7 @@ class SnapshotReader:
             if not pending and (not idle or not (await uow.placements.active_ids()
                                                  or _idle_nodes(await uow.inventory.list()))):
                 return None
-            r = await read(uow, pending=pending, cache=cache, orders=True)
+            r = await read(uow, pending=pending, cache=cache, orders=True, boots=True)
             r = await with_top_ups(uow, r, batch_max=batch_max,
                                    cfg=decision_config(self.placement))
         snap, bad = merge_screened(self.inputs(r), self.merge_settings)
@@ -469,7 +468,7 @@ class SnapshotReader:
             rec = await uow.placements.get(placement_id, tenant=tenant)
             wrec = await uow.workloads.get(rec.placement.workload_id, tenant=tenant)
             workload = replace(wrec.workload, status=WorkloadStatus.PENDING)
-            r = await read(uow, pending=[workload])
+            r = await read(uow, pending=[workload], boots=True)
         others = tuple(p for p in r.running if p.workload_id != workload.id)
         released, _ = committed_usage([rec.placement], {workload.id: workload})
         inputs = replace(self.inputs(replace(r, running=others)), released=released)

@@ -163,6 +163,9 @@ class SimPool:
     # (ready_at, seconds from the order to it) of the pool's last node orders (`add_nodes`):
     # what the pool's boots measure once they are up (`observed_boot_s`).
     boots: list[tuple[float, float]] = field(default_factory=list)
+    # (from, until, value): `observed_boot_s` for any time in [from, until) (until: the next
+    # ordered node's ready_at); None after an order. Read per pool and epoch by the snapshot.
+    boot_seen: tuple[float, float, float | None] | None = None
 
     # The spec's name and node shape, as plain attributes (read millions of times a day).
     name: str = field(init=False, repr=False, compare=False)
@@ -374,6 +377,7 @@ class SimPool:
         if count and ordered_at is not None:
             self.boots.append((ready_at, ready_at - ordered_at))
             del self.boots[:-2 * BOOT_SAMPLES]
+            self.boot_seen = None
         per_zone = [0] * max(1, self.zones)  # kept as nodes come: one count, not one a node
         for n in self.node_list:
             per_zone[n.zone % len(per_zone)] += 1
@@ -390,7 +394,13 @@ class SimPool:
         """The pool's measured boot time at `now` (observed.boot_s over the orders whose
         nodes are up by then), None before the first is up: what a broker that timed its
         own orders would know (observed.py rule 6)."""
-        return boot_s([d for r, d in self.boots if r <= now])
+        seen = self.boot_seen
+        if seen is not None and seen[0] <= now < seen[1]:
+            return seen[2]
+        value = boot_s([d for r, d in self.boots if r <= now])
+        until = min([r for r, _ in self.boots if r > now], default=math.inf)
+        self.boot_seen = (now, until, value)
+        return value
 
     def check(self) -> None:
         eps = 1e-6

@@ -114,11 +114,15 @@ class DecisionRepo:
 
     async def list(self, *, kind: str | None = None, workload_id: str | None = None,
                    cluster: str | None = None, tenant: str | None = None,
+                   states: Sequence[str] | None = None,
                    limit: int = 100) -> builtins.list[DecisionRecord]:
-        """Decisions in any state, newest first (`tenant` scopes to one tenant's rows)."""
+        """Decisions in any state (or in `states`), newest first (`tenant` scopes to one
+        tenant's rows)."""
         q = select(DecisionRow)
         if kind is not None:
             q = q.where(DecisionRow.kind == kind)
+        if states is not None:
+            q = q.where(DecisionRow.state.in_(list(states)))
         if workload_id is not None:
             q = q.where(DecisionRow.workload_id == workload_id)
         if cluster is not None:

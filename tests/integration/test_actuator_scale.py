@@ -175,6 +175,12 @@ async def test_a_done_order_measures_the_pools_boot_and_the_next_snapshot_charge
                                None, None, clock.now())
     assert [p["bootS"] for p in view["effective"]["pools"]] == [pytest.approx(BOOT_S)]
     assert [p["bootS"] for p in view["pools"]] == [None]  # the registration
+    # A what-if of a stored placement prices with the same boot as the loop.
+    async with store.unit() as uow:
+        [placed] = await uow.placements.list_active(decisions=False)
+    whatif, _ = await SnapshotReader(SnapshotSettings(), PlacementSettings()).whatif_snapshot(
+        store, placed.id, tenant=None)
+    assert [p.boot_s for p in whatif.clusters[0].pools] == [pytest.approx(BOOT_S)]
 
 
 async def test_a_pool_that_cannot_scale_is_never_ordered_and_an_order_is_refused(

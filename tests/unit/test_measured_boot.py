@@ -8,13 +8,15 @@ import math
 
 import pytest
 
-from broker.domain import Cluster, PolicyAction, WorkloadKind
+from broker.domain import Cluster, PolicyAction, Resources, WorkloadKind
 from broker.federation.decision_log import measured_boots
 from broker.placement.candidates import NODE_BOOT_S, boot_estimates, build_candidates
 from broker.placement.decisions import DecisionConfig
 from broker.placement.observed import BOOT_SAMPLES, Inventory, boot_s, observed_pools
 from broker.placement.planner import PlannerConfig, candidates, plan_epoch
+from broker.sim.scenario import PoolSpec
 from broker.sim.snapshot import build_snapshot
+from broker.sim.state import SimPool
 from broker.store import DecisionRecord
 
 from .placement_world import pool, snapshot, workload
@@ -139,5 +141,25 @@ def test_the_live_boot_is_the_median_of_a_pools_last_done_orders() -> None:
                     + [_order("b", "q", 200.0), _order("b", "q", 100.0, state="failed"),
                        _order("b", "q", "300"), _order("b", "q", True),
                        _order("c", "r", 50.0, kind="scale_in")])
-    assert measured_boots(newest_first) == {("a", "p"): 60.0, ("b", "q"): 200.0}
+    assert measured_boots(newest_first) == {"a": {"p": 60.0}, "b": {"q": 200.0}}
     assert measured_boots([]) == {}
+
+
+def test_a_sim_pools_boot_follows_its_orders_as_they_come_up() -> None:
+    """What the snapshot reads each epoch (cached between a pool's orders coming up): the
+    median of the orders up by then, a new order counted once its nodes are up."""
+    p = SimPool(spec=PoolSpec("p", "cpu4", Resources(4, 16, 0), nodes=0, max_nodes=8,
+                              spot=False, price_usd_per_hour=1.0),
+                cluster="c", node_list=[])
+    assert p.observed_boot_s(0.0) is None
+    assert p.add_nodes(1, ready_at=100.0, ordered_at=0.0) == 1
+    assert p.observed_boot_s(50.0) is None
+    assert p.observed_boot_s(100.0) == 100.0
+    assert p.add_nodes(1, ready_at=500.0, ordered_at=200.0) == 1  # a slower boot, 300 s
+    assert p.observed_boot_s(400.0) == 100.0  # not up yet
+    assert p.observed_boot_s(500.0) == 200.0  # the median of 100 and 300
+    assert p.observed_boot_s(450.0) == 100.0  # an earlier time is read again, not cached
+    assert p.add_nodes(1, ready_at=560.0, ordered_at=500.0) == 1  # 60 s
+    assert p.observed_boot_s(600.0) == 100.0  # the median of 60, 100 and 300
+    assert p.add_nodes(0, ready_at=700.0, ordered_at=600.0) == 0  # no node: no boot
+    assert len(p.boots) == 3
