@@ -573,7 +573,16 @@ class FederationSnapshot:
     # Kept beside the pools, not in them: the rates decay every epoch, so a pool that holds
     # them would be a new value every epoch (the twin reuses unchanged pools, snapshot.py).
     demand: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    # Recent capacity given back on each pool by workloads that ended (finished, failed or
+    # cancelled), (cluster, pool) -> (vCPU/s, GPU/s) EWMA rates as of `now_s`, with the
+    # demand's time constant: what the prewarm forecast subtracts from `demand`
+    # (placement/decisions.py, "net forecast"). The policy's features read `demand` alone.
+    freed: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     def demand_of(self, cluster: str, pool: str) -> tuple[float, float]:
         """(vCPU/s, GPU/s) demand rate of one pool (0, 0 when none was recorded)."""
         return self.demand.get((cluster, pool), _NO_DEMAND)
+
+    def freed_of(self, cluster: str, pool: str) -> tuple[float, float]:
+        """(vCPU/s, GPU/s) release rate of one pool (0, 0 when none was recorded)."""
+        return self.freed.get((cluster, pool), _NO_DEMAND)

@@ -49,7 +49,7 @@ from broker.federation.quarantine import Quarantine
 from broker.placement.commitments import committed_usage
 from broker.placement.decisions import DecisionConfig, due
 from broker.placement.network import NetworkCatalog, batch_maps, cluster_pairs
-from broker.placement.observed import Inventory, decayed, pool_of
+from broker.placement.observed import FREED_WINDOW_TAUS, Inventory, decayed, freed_rates, pool_of
 from broker.placement.snapshot import (
     HubReading,
     Member,
@@ -105,6 +105,8 @@ class Readings:
     running: tuple[Placement, ...] = ()
     workloads: Mapping[str, Workload] = field(default_factory=dict)
     demand: Mapping[Pair, tuple[float, float, float]] = field(default_factory=dict)
+    # (when, cluster, pool, vCPUs, GPUs) held by workloads that ended lately (ended_since)
+    ended: tuple[tuple[float, str, str, float, float], ...] = ()
     tenants: tuple[Any, ...] = ()
     ordered: Mapping[Pair, int] | None = None  # nodes on order (open scale decisions)
     # cluster -> pool -> measured boot (done node orders: decision_log.measured_boots)
@@ -179,12 +181,15 @@ def rtts_of(sites: Sequence[SiteRecord], aliases: Mapping[str, str]) -> tuple[Rt
 
 async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                running: bool = True, cache: RunningCache | None = None,
-               orders: bool = False, boots: bool = False) -> Readings:
+               orders: bool = False, boots: bool = False,
+               demand_tau_s: float = 900.0) -> Readings:
     """One consistent read of every sensor (see the module docstring).
 
     `cache` (the placement loop's) reads each active placement and running spec once;
     `orders` adds the nodes on order (the actuator's open scale decisions); `boots` each
-    pool's measured boot (from the newest BOOT_ORDERS_READ done ones)."""
+    pool's measured boot (from the newest BOOT_ORDERS_READ done ones). With `running`, the
+    demand EWMA and what the workloads that ended over the last FREED_WINDOW_TAUS x
+    `demand_tau_s` held (the net forecast's release rates)."""
     now = uow.now
     clusters = tuple(await uow.clusters.list_records())
     sites = tuple(await uow.sites.list_records())
@@ -211,6 +216,8 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                     prices=prices, quotas=quotas, pending=tuple(pending),
                     running=tuple(placed), workloads=workloads,
                     demand=await uow.demand.list() if running else {},
+                    ended=tuple(await uow.workloads.ended_since(
+                        now - FREED_WINDOW_TAUS * demand_tau_s)) if running else (),
                     tenants=tuple(await uow.tenants.list()), ordered=ordered,
                     displaced=displaced, placement_ids=pids, boots=measured)
 
@@ -407,6 +414,7 @@ class SnapshotReader:
             workloads=r.workloads, replicas=replica_counts(r.running, r.workloads),
             demand={k: (decayed(c, at, r.now_s, tau), decayed(g, at, r.now_s, tau))
                     for k, (c, g, at) in r.demand.items()},
+            freed=freed_rates(r.ended, r.now_s, tau),
             tenants=r.tenants, ordered=r.ordered, displaced=r.displaced)
         if not network:
             return inputs
@@ -452,7 +460,8 @@ class SnapshotReader:
             if not pending and (not idle or not (await uow.placements.active_ids()
                                                  or _idle_nodes(await uow.inventory.list()))):
                 return None
-            r = await read(uow, pending=pending, cache=cache, orders=True, boots=True)
+            r = await read(uow, pending=pending, cache=cache, orders=True, boots=True,
+                           demand_tau_s=self.settings.demand_tau_s)
             r = await with_top_ups(uow, r, batch_max=batch_max,
                                    cfg=decision_config(self.placement))
         snap, bad = merge_screened(self.inputs(r), self.merge_settings)
@@ -468,7 +477,8 @@ class SnapshotReader:
             rec = await uow.placements.get(placement_id, tenant=tenant)
             wrec = await uow.workloads.get(rec.placement.workload_id, tenant=tenant)
             workload = replace(wrec.workload, status=WorkloadStatus.PENDING)
-            r = await read(uow, pending=[workload], boots=True)
+            r = await read(uow, pending=[workload], boots=True,
+                           demand_tau_s=self.settings.demand_tau_s)
         others = tuple(p for p in r.running if p.workload_id != workload.id)
         released, _ = committed_usage([rec.placement], {workload.id: workload})
         inputs = replace(self.inputs(replace(r, running=others)), released=released)

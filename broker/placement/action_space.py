@@ -219,7 +219,8 @@ def fixed_weights() -> dict[str, float]:
     defaults the policy does not output (latency weight), and the DecisionConfig timers
     scale-in falls back to where no timer is set (`decision.<field>`), and the least idle
     timer the planner lets an action set (`decision.policy_idle_min_s`, bounded_action), and
-    whether node charges count the pools' measured boots (`decision.observed_boot`, 1 = yes).
+    whether node charges count the pools' measured boots (`decision.observed_boot`, 1 = yes),
+    and whether the prewarm forecast nets out released capacity (`decision.net_forecast`).
     """
     cfg = DecisionConfig()
     out = {a.name: float(a.default) for a in ACTIONS}
@@ -228,6 +229,7 @@ def fixed_weights() -> dict[str, float]:
     out["decision.forecast_idle_s"] = float(cfg.forecast_idle_s)
     out["decision.policy_idle_min_s"] = float(cfg.policy_idle_min_s)
     out["decision.observed_boot"] = float(cfg.observed_boot)
+    out["decision.net_forecast"] = float(cfg.net_forecast)
     return out
 
 

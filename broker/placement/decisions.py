@@ -98,6 +98,11 @@ class DecisionConfig:
     # node charge. The timers above stay as set: a pool's measured boot as its timer was
     # tried and not kept (docs/placement.md, "Measured boot times"). False: NODE_BOOT_S.
     observed_boot: bool = True
+    # The net forecast: the prewarm rule (and the look-ahead scale-in and lp's drains, which
+    # keep what it would order back) forecasts a pool's demand rate minus the rate its ended
+    # workloads gave capacity back (FederationSnapshot.freed), not arrivals alone. False:
+    # arrivals alone, the rule before 2026-12-06 (docs/placement.md, "Prewarm").
+    net_forecast: bool = True
     # Backoff: first wait, cap (kube-scheduler's 5 min), and the least wait after capacity grew.
     retry_base_s: float = 10.0
     retry_max_s: float = 300.0
@@ -174,11 +179,23 @@ def placed_usage(placements: Iterable[Placement], specs: Mapping[str, Workload]
     return out
 
 
+def forecast_rate(snapshot: FederationSnapshot, cfg: DecisionConfig, cluster: str,
+                  pool: str) -> tuple[float, float]:
+    """(vCPU/s, GPU/s) rate the prewarm forecast extrapolates for one pool: its demand rate
+    minus its release rate with `cfg.net_forecast` (either may be negative then), else its
+    demand rate alone."""
+    cpu, gpu = snapshot.demand_of(cluster, pool)
+    if not cfg.net_forecast:
+        return cpu, gpu
+    out_cpu, out_gpu = snapshot.freed_of(cluster, pool)
+    return cpu - out_cpu, gpu - out_gpu
+
+
 def _forecast(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], key: Pair,
               demand: tuple[float, float]) -> tuple[float, float, float]:
     """(used, demand rate per s, unit) of a pool in its bottleneck unit (GPUs for GPU
     pools, else vCPU), this epoch's placements included: the prewarm forecast's inputs
-    (`demand`: the pool's (vCPU/s, GPU/s) rates, FederationSnapshot.demand_of)."""
+    (`demand`: the pool's (vCPU/s, GPU/s) rates, `forecast_rate`)."""
     cpu, _, gpu = placed.get(key, (0.0, 0.0, 0))
     if p.node.gpu:
         return float(p.used.gpu + gpu), demand[1], float(p.node.gpu)
@@ -198,7 +215,7 @@ def _forecast_keeps(p: Pool, placed: Mapping[Pair, tuple[float, float, int]], ke
 
 def forecast_floor(snapshot: FederationSnapshot,
                    placed: Mapping[Pair, tuple[float, float, int]],
-                   action: PolicyAction) -> Callable[[Cluster, Pool], int]:
+                   action: PolicyAction, cfg: DecisionConfig) -> Callable[[Cluster, Pool], int]:
     """Nodes of a pool the prewarm forecast needs over the policy's lead (what `scale_in`
     keeps with `forecast`), as a function of (cluster, pool): lp's drains never take a pool
     below it (placement/consolidate.py), so a node drained now is not ordered back by the
@@ -206,8 +223,8 @@ def forecast_floor(snapshot: FederationSnapshot,
     lead = max(0.0, action.prewarm_lead_s)
 
     def floor(c: Cluster, p: Pool) -> int:
-        return _forecast_keeps(p, placed, (c.name, p.name), snapshot.demand_of(c.name, p.name),
-                               lead, p.nodes)
+        return _forecast_keeps(p, placed, (c.name, p.name),
+                               forecast_rate(snapshot, cfg, c.name, p.name), lead, p.nodes)
     return floor
 
 
@@ -262,7 +279,7 @@ def scale_in(snapshot: FederationSnapshot, cfg: DecisionConfig,
                     free_mem // max(p.node.memory_gib, 1e-9)))
         if forecast:
             k = min(k, p.nodes - _forecast_keeps(
-                p, placed, (c.name, p.name), snapshot.demand_of(c.name, p.name), lead,
+                p, placed, (c.name, p.name), forecast_rate(snapshot, cfg, c.name, p.name), lead,
                 p.nodes))
         if k <= 0:
             continue
@@ -295,7 +312,8 @@ def prewarm_nodes(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decis
         j = at.get(key)
         if j is not None:
             put_cpu[j], put_gpu[j] = cpu, gpu
-    rates = np.array([snapshot.demand_of(*key) for key in at], dtype=np.float64).reshape(-1, 2)
+    rates = np.array([forecast_rate(snapshot, cfg, *key) for key in at],
+                     dtype=np.float64).reshape(-1, 2)
     is_gpu = table.node[:, 2] != 0
     used = np.where(is_gpu, table.used_gpu + put_gpu, table.used_cpu + put_cpu)
     rate = np.where(is_gpu, rates[:, 1], rates[:, 0])

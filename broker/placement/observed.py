@@ -288,3 +288,25 @@ def decay_factor(at_s: float, now_s: float, tau_s: float) -> float:
 def demand_rate(events: Iterable[tuple[float, float]], now_s: float, tau_s: float) -> float:
     """EWMA rate (per s) of amounts `r` requested at times `t`: sum r/tau exp(-(now-t)/tau)."""
     return sum(r / tau_s * math.exp(-max(0.0, now_s - t) / tau_s) for t, r in events)
+
+
+# Capacity freed by ended workloads (FederationSnapshot.freed): read back this many demand
+# time constants (exp(-5): what older ends would add is under 0.7 % of their amount / tau).
+FREED_WINDOW_TAUS = 5.0
+
+
+def freed_rates(ended: Iterable[tuple[float, str, str, float, float]], now_s: float,
+                tau_s: float) -> dict[tuple[str, str], tuple[float, float]]:
+    """Each pool's release rates, (cluster, pool) -> (vCPU/s, GPU/s): `demand_rate`'s EWMA
+    over (when it ended, cluster, pool, vCPUs, GPUs) of the workloads that ended, the rule
+    the twin keeps incrementally (`SimPool.add_freed`). Amounts that are not finite and
+    non-negative are left out (a stored spec is not trusted to be sane)."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for t, cluster, pool, cpu, gpu in ended:
+        if not (math.isfinite(t) and math.isfinite(cpu) and math.isfinite(gpu)
+                and cpu >= 0.0 and gpu >= 0.0):
+            continue
+        f = math.exp(-max(0.0, now_s - t) / tau_s) / tau_s
+        c0, g0 = out.get((cluster, pool), (0.0, 0.0))
+        out[(cluster, pool)] = (c0 + cpu * f, g0 + gpu * f)
+    return out

@@ -46,9 +46,12 @@ def _out_of_range(value: object, lo: float, hi: float, tiny: float) -> bool:
 
 
 def cluster_problems(c: Cluster, demand: Mapping[tuple[str, str], tuple[float, float]]
-                     = _NO_DEMAND) -> list[str]:
-    """Every number of `c` the planner reads that is not finite or not in range (`demand`:
-    the snapshot's demand rates, FederationSnapshot.demand, of which `c`'s pools are read)."""
+                     = _NO_DEMAND,
+                     freed: Mapping[tuple[str, str], tuple[float, float]] = _NO_DEMAND
+                     ) -> list[str]:
+    """Every number of `c` the planner reads that is not finite or not in range (`demand`
+    and `freed`: the snapshot's demand and release rates, FederationSnapshot.demand and
+    .freed, of which `c`'s pools are read)."""
     checks: list[tuple[str, object, float, float, float]] = [
         ("quotaVcpu", c.quota_vcpu, 0.0, lim.QUOTA_VCPU_MAX, 1e-3),
         ("quotaGpu", c.quota_gpu, 0.0, lim.QUOTA_GPU_MAX, 1e-3),
@@ -72,19 +75,23 @@ def cluster_problems(c: Cluster, demand: Mapping[tuple[str, str], tuple[float, f
         if (rates := demand.get((c.name, p.name))) is not None:
             checks += [(at + "demandCpuPerS", rates[0], 0.0, _USED_CPU_MAX, 0.0),
                        (at + "demandGpuPerS", rates[1], 0.0, _USED_GPU_MAX, 0.0)]
+        if (rates := freed.get((c.name, p.name))) is not None:
+            checks += [(at + "freedCpuPerS", rates[0], 0.0, _USED_CPU_MAX, 0.0),
+                       (at + "freedGpuPerS", rates[1], 0.0, _USED_GPU_MAX, 0.0)]
     return [f"{name}={value!r} is not 0 or a finite number in [{max(lo, tiny):g}, {hi:g}]"
             for name, value, lo, hi, tiny in checks
             if value is not None and _out_of_range(value, lo, hi, tiny)]
 
 
 def partition(clusters: Iterable[Cluster],
-              demand: Mapping[tuple[str, str], tuple[float, float]] = _NO_DEMAND
+              demand: Mapping[tuple[str, str], tuple[float, float]] = _NO_DEMAND,
+              freed: Mapping[tuple[str, str], tuple[float, float]] = _NO_DEMAND
               ) -> tuple[list[Cluster], dict[str, str]]:
     """(clusters fit to plan with, {name: why not} for the rest), order kept."""
     good: list[Cluster] = []
     bad: dict[str, str] = {}
     for c in clusters:
-        problems = cluster_problems(c, demand)
+        problems = cluster_problems(c, demand, freed)
         if problems:
             bad[c.name] = "; ".join(problems[:5])
         else:

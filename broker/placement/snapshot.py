@@ -186,6 +186,8 @@ class MergeInputs:
     # (placed, not running yet) replicas per (cluster, pool): `replica_counts` live.
     replicas: Mapping[Pair, tuple[int, int]] = field(default_factory=dict)
     demand: Mapping[Pair, tuple[float, float]] = field(default_factory=dict)  # cpu, gpu / s
+    # Capacity given back by workloads that ended, cpu, gpu / s (FederationSnapshot.freed).
+    freed: Mapping[Pair, tuple[float, float]] = field(default_factory=dict)
     # Requests to take off the observed usage per (cluster, pool): a what-if asks about a
     # running workload as if it were not there yet (its own replicas are in the inventory).
     released: Mapping[Pair, Resources] = field(default_factory=dict)
@@ -586,7 +588,8 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None, *
     settings = settings or MergeSettings()
     members = members_of(inputs)
     clusters = [merge_cluster(m, inputs, settings, memo) for m in members]
-    merged, bad = partition(clusters, inputs.demand) if settings.screen else (clusters, {})
+    merged, bad = partition(clusters, inputs.demand, inputs.freed) if settings.screen \
+        else (clusters, {})
     committed = with_commitments(merged, inputs.running, inputs.workloads,
                                  ordered=inputs.ordered)
     sites = {c.name for c in committed if c.is_edge}
@@ -596,7 +599,8 @@ def merge_screened(inputs: MergeInputs, settings: MergeSettings | None = None, *
         running=inputs.running, user_regions=inputs.user_regions, rtt_ms=rtt,
         tenants=committed_spend(inputs.tenants, inputs.running, inputs.workloads),
         egress_usd_per_gb=egress, bandwidth_gbps=bandwidth, workloads=dict(inputs.workloads),
-        displaced=dict(inputs.displaced), demand=dict(inputs.demand)), bad
+        displaced=dict(inputs.displaced), demand=dict(inputs.demand),
+        freed=dict(inputs.freed)), bad
 
 
 def network_maps(inputs: MergeInputs, settings: MergeSettings, sites: set[str],

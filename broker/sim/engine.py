@@ -495,7 +495,7 @@ class Engine:
             return
         ws.moving = None
         for g in list(ws.groups):
-            self.release(ws, g, g.count)
+            self.release(ws, g, g.count, ended=True)
         ws.finished = True
         self.unfinished.pop(wid, None)
         ws.pending = 0
@@ -504,8 +504,11 @@ class Engine:
         self._version += 1
 
     def release(self, ws: WorkloadState, g: Group, k: int,
-                 which: list[int] | None = None) -> None:
-        """Free k replicas of group g: the newest ones, or the replica indexes `which`."""
+                 which: list[int] | None = None, *, ended: bool = False) -> None:
+        """Free k replicas of group g: the newest ones, or the replica indexes `which`.
+        `ended`: the workload ended (finished), so its requests count into the pool's
+        release rate (SimPool.add_freed; the prewarm's net forecast), as live the
+        workloads that reached a final status do."""
         p = self.clusters[g.cluster].pool(g.pool)
         ev = ws.ev
         idx = sorted(which if which is not None else range(g.count - k, g.count), reverse=True)
@@ -526,6 +529,8 @@ class Engine:
             if home is not None:
                 del g.nodes[i]
         g.count -= len(idx)
+        if ended:
+            p.add_freed(self.now, ev.cpu * len(idx), ev.gpu * len(idx), self.config.demand_tau_s)
         p.count_replicas(-len(idx), 0 if g.running else -len(idx))
         if g.count <= 0:
             ws.groups.remove(g)

@@ -280,11 +280,13 @@ def pool_replica_counts(clusters: Iterable[SimCluster]) -> dict[Pair, tuple[int,
             for c in clusters for p in c.pools if p.replicas_placed}
 
 
-def _demand(engine: Engine) -> dict[Pair, tuple[float, float]]:
-    """Each pool's demand rates (cpu, gpu per s) decayed to now, by (cluster, pool): one
-    factor for both rates of a pool, `decayed`'s very numbers (a rate of 0.0 stays 0.0: the
-    factor is in (0, 1], tau > 0), computed once per distinct time the rates were brought
-    up to date and multiplied in C."""
+def _demand(engine: Engine) -> tuple[dict[Pair, tuple[float, float]],
+                                     dict[Pair, tuple[float, float]]]:
+    """Each pool's demand rates and release rates (cpu, gpu per s; FederationSnapshot.demand
+    and .freed) decayed to now, by (cluster, pool): one factor for a pool's four rates,
+    `decayed`'s very numbers (a rate of 0.0 stays 0.0: the factor is in (0, 1], tau > 0),
+    computed once per distinct time the rates were brought up to date and multiplied in C.
+    Pools with nothing freed are left out of the release rates."""
     now, tau = engine.now, engine.config.demand_tau_s
     pools = engine.pools
     at = list(map(_DEMAND_AT, pools))
@@ -292,7 +294,10 @@ def _demand(engine: Engine) -> dict[Pair, tuple[float, float]]:
     f = list(map(factor.__getitem__, at))
     cpu = map(operator.mul, map(_DEMAND_CPU, pools), f)
     gpu = map(operator.mul, map(_DEMAND_GPU, pools), f)
-    return dict(zip(engine.pool_keys, zip(cpu, gpu, strict=True), strict=True))
+    freed = {key: (p.freed_cpu_per_s * k, p.freed_gpu_per_s * k)
+             for key, p, k in zip(engine.pool_keys, pools, f, strict=True)
+             if p.freed_cpu_per_s or p.freed_gpu_per_s}
+    return dict(zip(engine.pool_keys, zip(cpu, gpu, strict=True), strict=True)), freed
 
 
 _RUNNING = operator.attrgetter("running")  # a Group's
@@ -347,13 +352,13 @@ def twin_inputs(engine: Engine, batch: Sequence[WorkloadState]) -> MergeInputs:
     read = [member_inputs(c, now, reuse=reuse) for c in clusters]
     members = tuple(m for m, _ in read)
     inventory = {c.name: inv for c, (_, inv) in zip(clusters, read, strict=True)}
-    demand = _demand(engine)
+    demand, freed = _demand(engine)
     pair_rtt, gbps = engine.network
     return MergeInputs(
         now_s=now, members=members,
         inventory=inventory, pending=tuple(pending_workload(ws) for ws in batch),
         replicas=pool_replica_counts(clusters) if reuse
-        else replica_counts(engine.unfinished.values()), demand=demand,
+        else replica_counts(engine.unfinished.values()), demand=demand, freed=freed,
         user_regions=tuple(UserRegion(u.name, u.lat, u.lon)
                            for u in engine.scenario.user_regions),
         user_rtt_ms=engine.rtt, cluster_rtt_ms=pair_rtt, bandwidth_gbps=gbps,

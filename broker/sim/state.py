@@ -30,7 +30,7 @@ from broker.placement.observed import (
     ObservedNode,
     PoolObservation,
     boot_s,
-    decayed,
+    decay_factor,
 )
 from broker.placement.snapshot import Member
 from broker.sim.scenario import ClusterSpec, PoolSpec, TraceEvent
@@ -136,7 +136,10 @@ class SimPool:
     images: set[str] = field(default_factory=set)  # workload ids whose image is cached here
     demand_cpu_per_s: float = 0.0  # EWMA of reserved cpu per second (prewarm forecast)
     demand_gpu_per_s: float = 0.0  # the same for GPUs
-    demand_at_s: float = 0.0  # when the two rates above were last brought up to date
+    # EWMA of cpu / GPUs given back per second by workloads that ended (the net forecast)
+    freed_cpu_per_s: float = 0.0
+    freed_gpu_per_s: float = 0.0
+    demand_at_s: float = 0.0  # when the four rates above were last brought up to date
     zones: int = 1  # the cluster's zone count: new nodes go to the zone with fewest nodes
     version: int = 0  # bumped by `changed()`, whenever a node or the node list changes
     # The nodes changed one by one (`node_changed`: occupy, vacate) since the snapshot last
@@ -215,9 +218,19 @@ class SimPool:
         self.demand_cpu_per_s += cpu / tau_s
         self.demand_gpu_per_s += gpu / tau_s
 
+    def add_freed(self, now: float, cpu: float, gpu: float, tau_s: float) -> None:
+        """Count `cpu`/`gpu` given back at `now` by a workload that ended into the release
+        EWMA (the same rule as `add_demand`; FederationSnapshot.freed)."""
+        self.decay_demand(now, tau_s)
+        self.freed_cpu_per_s += cpu / tau_s
+        self.freed_gpu_per_s += gpu / tau_s
+
     def decay_demand(self, now: float, tau_s: float) -> None:
-        self.demand_cpu_per_s = decayed(self.demand_cpu_per_s, self.demand_at_s, now, tau_s)
-        self.demand_gpu_per_s = decayed(self.demand_gpu_per_s, self.demand_at_s, now, tau_s)
+        f = decay_factor(self.demand_at_s, now, tau_s)
+        self.demand_cpu_per_s *= f
+        self.demand_gpu_per_s *= f
+        self.freed_cpu_per_s *= f
+        self.freed_gpu_per_s *= f
         self.demand_at_s = max(self.demand_at_s, now)
 
     def count_replicas(self, placed: int, starting: int) -> None:

@@ -225,6 +225,8 @@ class WorkloadRow(Base):
         UniqueConstraint("tenant", "idempotency_key", name="uq_workloads_tenant_idem"),
         Index("ix_workloads_queue", "status", "priority", "submitted_s"),
         Index("ix_workloads_tenant_order", "tenant", "submitted_s", "id"),
+        # The workloads that ended lately (WorkloadRepo.ended_since: the net forecast).
+        Index("ix_workloads_status_updated", "status", "updated_s"),
         # One live workload per (tenant, name) created by name (PUT, `skyfed apply`): two
         # concurrent PUTs of a new name cannot both insert (lifecycle.upsert). POST keeps
         # accepting several workloads of one name (applied_name NULL).

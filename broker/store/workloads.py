@@ -23,7 +23,12 @@ from broker.domain import Workload, WorkloadSpec, WorkloadStatus
 from broker.errors import ConflictError, IdempotencyError, NotFoundError, SpecError
 from broker.store.engine import json_dumps as _dumps
 from broker.store.events import EventRepo
-from broker.store.mapping import read_workload, spec_to_json, workload_from_row
+from broker.store.mapping import (
+    assignments_from_json,
+    read_workload,
+    spec_to_json,
+    workload_from_row,
+)
 from broker.store.models import PlacementRow, WorkloadRow
 from broker.store.records import Page, WorkloadRecord, retry_message
 
@@ -344,6 +349,26 @@ class WorkloadRepo:
             q = select(WorkloadRow).where(WorkloadRow.id.in_(wanted[i:i + 500]))
             for r in (await self._s.scalars(q)).all():
                 out[r.id] = workload_from_row(r)
+        return out
+
+    async def ended_since(self, since_s: float, *, limit: int = 5000
+                          ) -> builtins.list[tuple[float, str, str, float, float]]:
+        """What the workloads that ended (succeeded, failed, cancelled) at `since_s` or later
+        held, newest `limit` first: (when it ended, cluster, pool, vCPUs, GPUs) per
+        assignment of its last placement, its requests times the assignment's replicas (the
+        prewarm's net forecast: placement/observed.py `freed_rates`). Workloads that ended
+        unplaced held nothing."""
+        q = (select(WorkloadRow.updated_s, WorkloadRow.spec, PlacementRow.assignments)
+             .join(PlacementRow, PlacementRow.id == WorkloadRow.placement_id)
+             .where(WorkloadRow.status.in_(sorted(str(s) for s in TERMINAL)),
+                    WorkloadRow.updated_s >= since_s)
+             .order_by(WorkloadRow.updated_s.desc()).limit(limit))
+        out: builtins.list[tuple[float, str, str, float, float]] = []
+        for t, spec, assignments in (await self._s.execute(q)).all():
+            res = (spec or {}).get("resources") or {}
+            cpu, gpu = float(res.get("cpu", 0.0)), float(res.get("gpu", 0))
+            for a in assignments_from_json(assignments):
+                out.append((float(t), a.cluster, a.pool, cpu * a.replicas, gpu * a.replicas))
         return out
 
     async def list_by_status(self, statuses: Sequence[WorkloadStatus], *,

@@ -396,10 +396,13 @@ def test_the_demand_rates_are_each_pools_own_decayed_rates() -> None:
     pa.add_demand(100.0, 3.7, 0.0, 900.0)
     pb.add_demand(100.0, 1.3, 2.0, 900.0)
     pc.add_demand(250.0, 0.1, 1.0, 900.0)  # another update time
+    pc.add_freed(400.0, 0.05, 1.0, 900.0)  # a job that ended there
     pools = list(c.pools)
     engine = SimpleNamespace(now=1000.0, config=SimpleNamespace(demand_tau_s=900.0),
                              pools=pools, pool_keys=[("c", p.name) for p in pools])
-    got = sim_snapshot._demand(engine)  # type: ignore[arg-type]
+    got, freed = sim_snapshot._demand(engine)  # type: ignore[arg-type]
+    assert freed == {("c", "c"): (decayed(pc.freed_cpu_per_s, pc.demand_at_s, 1000.0, 900.0),
+                                  decayed(pc.freed_gpu_per_s, pc.demand_at_s, 1000.0, 900.0))}
     assert got == {("c", p.name): (decayed(p.demand_cpu_per_s, p.demand_at_s, 1000.0, 900.0),
                                    decayed(p.demand_gpu_per_s, p.demand_at_s, 1000.0, 900.0))
                    for p in pools}

@@ -1,0 +1,127 @@
+"""The prewarm forecast nets out the capacity ended work gives back (decisions.py, "net forecast").
+
+Before, the forecast extrapolated arrivals alone (each pool's demand EWMA): a pool whose
+short jobs churn at a steady level forecast growth of rate x lead every epoch, so it ordered
+nodes nobody needed and the look-ahead scale-in kept them. Now the rate is arrivals minus
+releases (FederationSnapshot.freed): what workloads that ended (finished, failed,
+cancelled) gave back, the same EWMA rule, kept by the twin as its jobs finish and read live
+from the workloads that reached a final status (tests/integration/test_net_forecast_live.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from broker.domain import FederationSnapshot, NodeState, PolicyAction, Resources
+from broker.placement import decisions
+from broker.placement.decisions import DecisionConfig
+from broker.placement.observed import freed_rates
+from broker.placement.planner import PlannerConfig, plan_epoch
+from broker.sim import state as sim_state
+from broker.sim.engine import Engine, SimConfig
+from broker.sim.realize import TwinNoise
+from broker.sim.scenario import PoolSpec
+from tests.unit.placement_world import pool
+from tests.unit.test_placement_decisions import NOW, _cluster, _idle, _snap
+from tests.unit.test_twin_engine import doc, scenario
+from tests.unit.test_twin_scenario import FakeCatalog
+
+CFG = PlannerConfig(explain=False, time_limit_s=2.0)
+LEAD = PolicyAction(prewarm_lead_s=120.0)
+GROSS = replace(CFG, decisions=DecisionConfig(net_forecast=False))
+
+
+def _churning(freed: float) -> FederationSnapshot:
+    # 2 nodes of 8 vCPU, 14 vCPU used; 0.1 vCPU/s placed: in 120 s arrivals alone reach
+    # 14 + 12 = 26 vCPU, an overflow of 1.25 nodes (one node ordered).
+    p = pool("m5", price=0.4, nodes=2, max_nodes=40, used=Resources(14, 20))
+    return replace(_snap((_cluster("a", p),)), demand={("a", "m5"): (0.1, 0.0)},
+                   freed={("a", "m5"): (freed, 0.0)})
+
+
+def test_a_pool_whose_ended_work_gives_back_what_arrives_is_not_prewarmed() -> None:
+    steady = _churning(freed=0.1)  # as much ends as arrives: no growth
+    assert plan_epoch(steady, LEAD, CFG).prewarm == ()
+    [pw] = plan_epoch(steady, LEAD, GROSS).prewarm  # the rule before: arrivals alone
+    assert (pw.pool, pw.nodes, pw.reason) == ("m5", 1, "forecast")
+    # Net growth still buys nodes: 0.1 in, 0.02 out -> 14 + 9.6 - 16 = 7.6 vCPU, ~1 node.
+    [pw] = plan_epoch(_churning(freed=0.02), LEAD, CFG).prewarm
+    assert pw.nodes == 1
+    # And the rate is the difference, component by component (negative when shrinking).
+    assert decisions.forecast_rate(_churning(freed=0.3), DecisionConfig(), "a", "m5") == \
+        pytest.approx((-0.2, 0.0))
+    assert decisions.forecast_rate(_churning(freed=0.3), DecisionConfig(net_forecast=False),
+                                   "a", "m5") == (0.1, 0.0)
+
+
+def test_scale_in_keeps_only_the_nodes_the_net_forecast_needs() -> None:
+    # test_placement_decisions' look-ahead case: 4 nodes, 2 idle past the timer, 12 vCPU
+    # used, 0.1 vCPU/s placed. Arrivals alone keep one idle node (12 + 12 = 24 vCPU = 3
+    # nodes); with as much ending as arriving the forecast is 12 vCPU and both go.
+    states: tuple[NodeState, ...] = (
+        _idle("n0", None, cpu_allocated=8.0), _idle("n1", None, cpu_allocated=4.0),
+        _idle("n2", NOW - 900), _idle("n3", NOW - 800))
+    p = replace(pool("m5", price=0.4, nodes=4, max_nodes=40, used=Resources(12, 16)),
+                node_states=states)
+    snap = _snap((_cluster("a", p),), demand={("a", "m5"): (0.1, 0.0)},
+                 freed={("a", "m5"): (0.1, 0.0)})
+    [si] = plan_epoch(snap, LEAD, GROSS).scale_in
+    assert si.nodes == ("n2",)
+    [si] = plan_epoch(snap, LEAD, CFG).scale_in
+    assert si.nodes == ("n2", "n3")
+
+
+def test_the_release_rate_is_the_demand_ewma_of_what_ended_and_skips_absurd_amounts() -> None:
+    tau = 900.0
+    ended = [(100.0, "a", "m5", 6.0, 0.0), (400.0, "a", "m5", 2.0, 0.0),
+             (400.0, "b", "p4", 8.0, 1.0),
+             (400.0, "a", "m5", math.nan, 0.0), (400.0, "a", "m5", -5.0, 0.0),
+             (math.inf, "a", "m5", 1.0, 0.0), (400.0, "b", "p4", 1.0, math.inf)]
+    got = freed_rates(ended, 1000.0, tau)
+    assert got[("a", "m5")][0] == pytest.approx(
+        6.0 / tau * math.exp(-900.0 / tau) + 2.0 / tau * math.exp(-600.0 / tau))
+    assert got[("b", "p4")] == pytest.approx((8.0 / tau * math.exp(-600.0 / tau),
+                                              1.0 / tau * math.exp(-600.0 / tau)))
+    # The twin's incremental rule gives the same numbers.
+    sp = sim_state.SimPool(spec=PoolSpec(name="m5", instance_type="m5.2xlarge",
+                                         node=Resources(8, 32, 0), nodes=0, max_nodes=4,
+                                         spot=False, price_usd_per_hour=0.4),
+                           cluster="a", node_list=[])
+    sp.add_freed(100.0, 6.0, 0.0, tau)
+    sp.add_freed(400.0, 2.0, 0.0, tau)
+    sp.decay_demand(1000.0, tau)
+    assert sp.freed_cpu_per_s == pytest.approx(got[("a", "m5")][0], rel=1e-12)
+
+
+def test_the_twin_counts_a_finished_job_into_its_pools_release_rate_not_a_scale_down(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 2-replica job of 1 vCPU ends; a 3-replica service scales down to 1 (capacity given
+    # back by a service that goes on: not an end, as live, where a scale-down is a spec
+    # change). Only the job counts.
+    calls: list[tuple[float, float, float]] = []
+    add = sim_state.SimPool.add_freed
+
+    def spy(self: sim_state.SimPool, now: float, cpu: float, gpu: float, tau: float) -> None:
+        calls.append((now, cpu, gpu))
+        add(self, now, cpu, gpu, tau)
+
+    monkeypatch.setattr(sim_state.SimPool, "add_freed", spy)
+    d: dict[str, Any] = doc(nodes=2, max_nodes=2, horizon_s=1500.0)
+    scn = scenario(d, "s,0,service,3,1,1,0,,,,0,,0\n"
+                      "a,0,batch,2,1,1,0,600,,,0,,0\n"
+                      "s,1000,scale,1,1,1,0,,,,0,,0\n")
+    eng = Engine(scn, FakeCatalog(), SimConfig(noise=TwinNoise.off()))
+    eng.run()
+    assert len(calls) == 1
+    t_end, cpu, gpu = calls[0]
+    assert (cpu, gpu) == (2.0, 0)
+    assert 600.0 <= t_end < 1000.0
+    assert eng.workloads["s"].desired == 1  # the scale-down happened
+    key = next(iter(eng.pool_keys))
+    tau = eng.config.demand_tau_s
+    assert eng.snapshot().freed[key][0] == pytest.approx(
+        2.0 / tau * math.exp(-(eng.now - t_end) / tau))
