@@ -42,7 +42,10 @@ Prewarm (`prewarm_nodes`, `prewarm_for_placements`):
       order    = min(floor(overflow / unit + 1/2), max(1, max_nodes // 10), max_nodes - nodes)
 
   where `used` and `nodes` include this epoch's placements and scale-ups and `rate` is the
-  pool's demand EWMA (`Pool.demand_*_per_s`). Half a node of forecast overflow buys one.
+  pool's net rate (`forecast_rate`): its demand EWMA (FederationSnapshot.demand, what was
+  placed there) minus its release EWMA (FederationSnapshot.freed, what workloads that ended
+  there gave back), so a pool whose jobs end as fast as new ones arrive forecasts no
+  growth. Half a node of forecast overflow buys one.
 - images and data for a placed workload whose start waits on new nodes or on data, on cloud
   and Kubernetes clusters (edge standbys are the hub's). It is ordered now; on Kubernetes
   the image is pulled on each node of the pool as it joins (a DaemonSet) and the data is
@@ -101,7 +104,7 @@ class DecisionConfig:
     # The net forecast: the prewarm rule (and the look-ahead scale-in and lp's drains, which
     # keep what it would order back) forecasts a pool's demand rate minus the rate its ended
     # workloads gave capacity back (FederationSnapshot.freed), not arrivals alone. False:
-    # arrivals alone, the rule before 2026-12-06 (docs/placement.md, "Prewarm").
+    # arrivals alone, the rule before 2026-12-06 (docs/placement.md, "node prewarm").
     net_forecast: bool = True
     # Backoff: first wait, cap (kube-scheduler's 5 min), and the least wait after capacity grew.
     retry_base_s: float = 10.0
