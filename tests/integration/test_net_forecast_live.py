@@ -58,6 +58,16 @@ async def _submit(store: Store, spec: WorkloadSpec) -> str:  # noqa: F811
     return rec.workload.id
 
 
+async def _setup(store: Store) -> ManualClock:  # noqa: F811
+    """The tenant and the cluster registered; the store's manual clock."""
+    clock = store.clock
+    assert isinstance(clock, ManualClock)
+    async with store.unit() as uow:
+        await uow.tenants.ensure("acme")
+        await uow.clusters.upsert(_cluster(), tenant="acme")
+    return clock
+
+
 async def _place(store: Store, wid: str, replicas: int) -> None:  # noqa: F811
     async with store.unit() as uow:
         await uow.placements.record(Placement(wid, (
@@ -68,11 +78,7 @@ async def _place(store: Store, wid: str, replicas: int) -> None:  # noqa: F811
 
 async def test_workloads_that_ended_give_each_pool_the_twins_release_rate(
         store: Store) -> None:  # noqa: F811
-    clock = store.clock
-    assert isinstance(clock, ManualClock)
-    async with store.unit() as uow:
-        await uow.tenants.ensure("acme")
-        await uow.clusters.upsert(_cluster(), tenant="acme")
+    clock = await _setup(store)
     twin = SimPool(spec=PoolSpec(name="cpu", instance_type="m5.xlarge",
                                  node=Resources(4, 16, 0), nodes=2, max_nodes=10, spot=False,
                                  price_usd_per_hour=0.2), cluster="aws-use1", node_list=[])
@@ -124,11 +130,7 @@ async def test_workloads_that_ended_give_each_pool_the_twins_release_rate(
 async def test_ended_work_older_than_the_window_is_not_read(
         store: Store) -> None:  # noqa: F811
     """Read back FREED_WINDOW_TAUS time constants only: older ends weigh under 0.7 %."""
-    clock = store.clock
-    assert isinstance(clock, ManualClock)
-    async with store.unit() as uow:
-        await uow.tenants.ensure("acme")
-        await uow.clusters.upsert(_cluster(), tenant="acme")
+    clock = await _setup(store)
     old = await _submit(store, _job("old", 1, 2.0))
     await _place(store, old, 1)
     async with store.unit() as uow:
