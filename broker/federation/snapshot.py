@@ -76,6 +76,9 @@ Pair = tuple[str, str]
 # last BOOT_SAMPLES of every pool that scales often; a pool ordered from further back keeps
 # the planner's assumed boot until it is ordered again.
 BOOT_ORDERS_READ = 500
+# The newest workloads that ended read for the pools' release rates each epoch (the net
+# forecast: observed.freed_rates over the last FREED_WINDOW_TAUS time constants).
+ENDED_READ = 5000
 
 
 def decision_config(placement: PlacementSettings) -> DecisionConfig:
@@ -182,14 +185,14 @@ def rtts_of(sites: Sequence[SiteRecord], aliases: Mapping[str, str]) -> tuple[Rt
 async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                running: bool = True, cache: RunningCache | None = None,
                orders: bool = False, boots: bool = False,
-               demand_tau_s: float = 900.0) -> Readings:
+               demand_tau_s: float) -> Readings:
     """One consistent read of every sensor (see the module docstring).
 
     `cache` (the placement loop's) reads each active placement and running spec once;
     `orders` adds the nodes on order (the actuator's open scale decisions); `boots` each
     pool's measured boot (from the newest BOOT_ORDERS_READ done ones). With `running`, the
-    demand EWMA and what the workloads that ended over the last FREED_WINDOW_TAUS x
-    `demand_tau_s` held (the net forecast's release rates)."""
+    demand EWMA and what the newest ENDED_READ workloads that ended over the last
+    FREED_WINDOW_TAUS x `demand_tau_s` held (the net forecast's release rates)."""
     now = uow.now
     clusters = tuple(await uow.clusters.list_records())
     sites = tuple(await uow.sites.list_records())
@@ -217,7 +220,8 @@ async def read(uow: UnitOfWork, *, pending: Sequence[Workload] = (),
                     running=tuple(placed), workloads=workloads,
                     demand=await uow.demand.list() if running else {},
                     ended=tuple(await uow.workloads.ended_since(
-                        now - FREED_WINDOW_TAUS * demand_tau_s)) if running else (),
+                        now - FREED_WINDOW_TAUS * demand_tau_s, limit=ENDED_READ))
+                    if running else (),
                     tenants=tuple(await uow.tenants.list()), ordered=ordered,
                     displaced=displaced, placement_ids=pids, boots=measured)
 
@@ -491,7 +495,8 @@ class SnapshotReader:
         from broker.errors import NotFoundError
 
         async with store.unit() as uow:
-            r = await read(uow, running=False, boots=True)
+            r = await read(uow, running=False, boots=True,
+                           demand_tau_s=self.settings.demand_tau_s)
         inputs = self.inputs(r, network=False)
         members = {m.cluster.name: m for m in members_of(inputs)}
         record: ClusterRecord | SiteRecord | None = next(

@@ -301,12 +301,13 @@ def freed_rates(ended: Iterable[tuple[float, str, str, float, float]], now_s: fl
     over (when it ended, cluster, pool, vCPUs, GPUs) of the workloads that ended, the rule
     the twin keeps incrementally (`SimPool.add_freed`). Amounts that are not finite and
     non-negative are left out (a stored spec is not trusted to be sane)."""
-    out: dict[tuple[str, str], tuple[float, float]] = {}
+    by_pool: dict[tuple[str, str], tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
     for t, cluster, pool, cpu, gpu in ended:
         if not (math.isfinite(t) and math.isfinite(cpu) and math.isfinite(gpu)
                 and cpu >= 0.0 and gpu >= 0.0):
             continue
-        f = math.exp(-max(0.0, now_s - t) / tau_s) / tau_s
-        c0, g0 = out.get((cluster, pool), (0.0, 0.0))
-        out[(cluster, pool)] = (c0 + cpu * f, g0 + gpu * f)
-    return out
+        cpus, gpus = by_pool.setdefault((cluster, pool), ([], []))
+        cpus.append((t, cpu))
+        gpus.append((t, gpu))
+    return {key: (demand_rate(cpus, now_s, tau_s), demand_rate(gpus, now_s, tau_s))
+            for key, (cpus, gpus) in by_pool.items()}

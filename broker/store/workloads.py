@@ -351,7 +351,7 @@ class WorkloadRepo:
                 out[r.id] = workload_from_row(r)
         return out
 
-    async def ended_since(self, since_s: float, *, limit: int = 5000
+    async def ended_since(self, since_s: float, *, limit: int
                           ) -> builtins.list[tuple[float, str, str, float, float]]:
         """What the workloads that ended (succeeded, failed, cancelled) at `since_s` or later
         held, newest `limit` first: (when it ended, cluster, pool, vCPUs, GPUs) per

@@ -137,5 +137,5 @@ async def test_ended_work_older_than_the_window_is_not_read(
         await uow.workloads.set_status(old, WorkloadStatus.SUCCEEDED)
     clock.advance(6 * TAU_S)
     async with store.unit() as uow:
-        assert await uow.workloads.ended_since(clock.now() - 5 * TAU_S) == []
-        assert len(await uow.workloads.ended_since(clock.now() - 7 * TAU_S)) == 1
+        assert await uow.workloads.ended_since(clock.now() - 5 * TAU_S, limit=10) == []
+        assert len(await uow.workloads.ended_since(clock.now() - 7 * TAU_S, limit=10)) == 1

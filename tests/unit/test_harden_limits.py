@@ -112,6 +112,13 @@ def test_sanity_leaves_out_only_the_absurd_cluster() -> None:
     assert [c.name for c in good] == ["ok"]
     assert set(bad) == {"inf", "nan", "tiny", "neg"}
     assert "priceUsdPerHour=inf" in bad["inf"]
+    # The demand and release rates beside the pools are screened too (the net forecast).
+    good, bad = partition([cluster("ok"), cluster("hot"), cluster("cold")],
+                          {("hot", "p"): (math.nan, 0.0), ("ok", "p"): (0.5, 0.0)},
+                          {("cold", "p"): (0.0, math.inf), ("ok", "p"): (0.4, 0.0)})
+    assert [c.name for c in good] == ["ok"]
+    assert "demandCpuPerS=nan" in bad["hot"]
+    assert "freedGpuPerS=inf" in bad["cold"]
 
 
 # The planner on anything the API accepts: extremes of every bound, and the tiny values
