@@ -34,7 +34,7 @@ class Masked:
         self.model, self.keep = model, keep
 
     def act(self, engine: Engine, now_s: float) -> PolicyAction:
-        a = self.model.act(observe_engine(engine)).action
+        a = self.model.act(observe_engine(engine, self.model)).action
         return dataclasses.replace(FIXED, **{f: getattr(a, f) for f in self.keep})
 
 

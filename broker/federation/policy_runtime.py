@@ -140,7 +140,7 @@ class PolicyRuntime:
 
         one_torch_thread()
         try:
-            obs = observe(snapshot)
+            obs = observe(snapshot, net_forecast=self.model.net_forecast_observed)
             action = replace(self.model.act(obs).action,
                              latency_weight_usd_per_ms=self._settings.latency_weight_usd_per_ms)
         except Exception as exc:  # a broken policy must not stop placement

@@ -146,6 +146,11 @@ CLUSTER_ACTIONS = tuple(a for a in ACTIONS if a.scope == "cluster")
 POOL_ACTIONS = tuple(a for a in ACTIONS if a.scope == "pool")
 GLOBAL_ACTIONS = tuple(a for a in ACTIONS if a.scope == "global")
 FIXED_WEIGHTS_KEY = "fixed_weights"
+# Whether the observation's forecast features extrapolate net growth (observe.growth_rates:
+# the prewarm rule's rate, demand minus releases, growth only) rather than arrivals alone
+# (before 2026-12-07). Recorded as `observation.net_forecast`: a checkpoint trained on the
+# other meaning reads the same feature columns as something else.
+OBSERVE_NET_FORECAST = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +225,8 @@ def fixed_weights() -> dict[str, float]:
     scale-in falls back to where no timer is set (`decision.<field>`), and the least idle
     timer the planner lets an action set (`decision.policy_idle_min_s`, bounded_action), and
     whether node charges count the pools' measured boots (`decision.observed_boot`, 1 = yes),
-    and whether the prewarm forecast nets out released capacity (`decision.net_forecast`).
+    and whether the prewarm forecast nets out released capacity (`decision.net_forecast`),
+    and whether the observation's forecast features do (`observation.net_forecast`).
     """
     cfg = DecisionConfig()
     out = {a.name: float(a.default) for a in ACTIONS}
@@ -230,6 +236,7 @@ def fixed_weights() -> dict[str, float]:
     out["decision.policy_idle_min_s"] = float(cfg.policy_idle_min_s)
     out["decision.observed_boot"] = float(cfg.observed_boot)
     out["decision.net_forecast"] = float(cfg.net_forecast)
+    out["observation.net_forecast"] = float(OBSERVE_NET_FORECAST)
     return out
 
 

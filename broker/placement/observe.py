@@ -17,8 +17,8 @@ names are the checkpoint format), one row per cluster, each scaled to roughly [0
 - idle_node_frac: ready nodes with nothing on them (no vCPU allocated, every GPU free) /
   nodes (what the idle timeout and the warm pool act on);
 - spot_capacity_frac: provisioned vCPUs in spot pools / provisioned vCPUs;
-- forecast_cpu_frac, forecast_gpu_frac: the demand forecast over the next window W
-  (the pools' demand EWMA x W) / provisioned vCPUs (GPUs), capped at FORECAST_CAP.
+- forecast_cpu_frac, forecast_gpu_frac: the forecast growth over the next window W (the
+  pools' growth rates x W, `growth_rates`) / provisioned vCPUs (GPUs), capped at FORECAST_CAP.
 
 Pool rows (policy.POOL_FEATURES), one per scalable pool (decisions.fixed_pool is not: an
 edge site's hardware is never scaled), in cluster then pool order, with their cluster's row
@@ -34,8 +34,16 @@ bias) act on:
 - idle_age_frac: the mean time its idle nodes have been idle (`NodeState.idle_since_s`) /
   action_space.IDLE_TIMEOUT_MAX_S, capped at 1 (0 without idle nodes): how close they are
   to a timer;
-- forecast_frac: the pool's forecast over W in its bottleneck unit (GPUs on GPU pools, else
-  vCPUs) / what it provisions (/ one node when it has none), capped at FORECAST_CAP.
+- forecast_frac: the pool's forecast growth over W in its bottleneck unit (GPUs on GPU
+  pools, else vCPUs) / what it provisions (/ one node when it has none), capped at
+  FORECAST_CAP.
+
+The forecast is the planner's own (`growth_rates`): each pool's net rate, its demand EWMA
+minus its release EWMA (`decisions.forecast_rate`, what the node-prewarm rule extrapolates),
+growth only, so a pool whose work ends as fast as it arrives forecasts nothing, as the
+prewarm rule sees it. `recent_demand` stays the arrivals alone. Before 2026-12-07 the
+forecasts were arrivals alone (`net_forecast=False`), the features es3 was trained on; the
+checkpoint metadata records which (`observation.net_forecast`, action_space.fixed_weights).
 
 Demand forecasts are on the caller's own time scale: W = `forecast_window_s`, the time the
 policy's action stands (the twin passes its decision interval; the live broker the same
@@ -47,7 +55,7 @@ Edges: each cluster receives from its K_NEIGHBOURS nearest clusters by RTT
 features RTT / 100 ms and throughput (`snapshot.bandwidth_gbps`, else
 network.THROUGHPUT_FALLBACK_GBPS) / 10 Gbit/s. Batch features: log1p of the pending
 replicas, vCPUs and GPUs, the latency-sensitive and training shares, time of day (sin, cos),
-log1p of the federation's forecast vCPUs and GPUs over W, and log1p(W / 60 s).
+log1p of the federation's forecast growth in vCPUs and GPUs over W, and log1p(W / 60 s).
 """
 
 from __future__ import annotations
@@ -58,8 +66,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from broker.domain import Cluster, FederationSnapshot, Pool, PricingModel, WorkloadKind
-from broker.placement.action_space import IDLE_TIMEOUT_MAX_S
-from broker.placement.decisions import fixed_pool
+from broker.placement.action_space import IDLE_TIMEOUT_MAX_S, OBSERVE_NET_FORECAST
+from broker.placement.decisions import DecisionConfig, fixed_pool, forecast_rate
 from broker.placement.network import THROUGHPUT_FALLBACK_GBPS, is_fixed
 from broker.placement.policy import EDGE_FEATURES, NODE_FEATURES, POOL_FEATURES, GraphObs
 from providers.geo import estimate_rtt_ms
@@ -71,14 +79,24 @@ UNKNOWN_RTT_MS = 1000.0
 FORECAST_WINDOW_S = 300.0
 FORECAST_CAP = 4.0
 NODE_VCPU_LOG_SCALE = 5.0
+# observe()'s default: the forecast features extrapolate net growth (`growth_rates`), as the
+# prewarm rule does; a model trained on arrivals alone is observed with net_forecast=False
+# (policy.ActorCritic.net_forecast_observed).
+NET_FORECAST = OBSERVE_NET_FORECAST
+_NET = DecisionConfig(net_forecast=True)
+_ARRIVALS = DecisionConfig(net_forecast=False)
 
 
 def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S,
-                  demand: Mapping[tuple[str, str], tuple[float, float]] | None = None
+                  demand: Mapping[tuple[str, str], tuple[float, float]] | None = None,
+                  growth: Mapping[tuple[str, str], tuple[float, float]] | None = None
                   ) -> list[float]:
     """One cluster's row of NODE_FEATURES (see the module docstring); `demand`: the
-    snapshot's per-pool demand rates (FederationSnapshot.demand)."""
+    snapshot's per-pool demand rates (FederationSnapshot.demand); `growth`: each pool's
+    forecast growth rate (`growth_rates`; the demand rates where None)."""
     rates = [(demand or {}).get((c.name, p.name), (0.0, 0.0)) for p in c.pools]
+    grows = rates if growth is None else [growth.get((c.name, p.name), (0.0, 0.0))
+                                          for p in c.pools]
     cpu_prov = sum(p.nodes * p.node.cpu for p in c.pools)
     cpu_used = sum(p.used.cpu for p in c.pools)
     gpu_prov = sum(p.nodes * p.node.gpu for p in c.pools)
@@ -96,8 +114,8 @@ def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S,
     idle = sum(1 for p in c.pools for n in p.node_states
                if not n.booting and n.cpu_allocated <= 1e-9 and n.gpu_free >= p.node.gpu)
     spot_cpu = sum(p.nodes * p.node.cpu for p in c.pools if p.pricing is PricingModel.SPOT)
-    fc_cpu = sum(r[0] for r in rates) * forecast_window_s
-    fc_gpu = sum(r[1] for r in rates) * forecast_window_s
+    fc_cpu = sum(r[0] for r in grows) * forecast_window_s
+    fc_gpu = sum(r[1] for r in grows) * forecast_window_s
     return [
         1.0 - cpu_used / cpu_prov if cpu_prov else 1.0,
         1.0 - gpu_used / gpu_prov if gpu_prov else 0.0,
@@ -118,8 +136,8 @@ def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S,
 
 def pool_features(p: Pool, now_s: float, forecast_window_s: float = FORECAST_WINDOW_S,
                   rate: tuple[float, float] = (0.0, 0.0)) -> list[float]:
-    """One pool's row of POOL_FEATURES (see the module docstring); `rate`: its demand
-    rates (FederationSnapshot.demand_of), vCPU/s and GPU/s."""
+    """One pool's row of POOL_FEATURES (see the module docstring); `rate`: its forecast
+    growth rates (`growth_rates`), vCPU/s and GPU/s."""
     cpu_prov, gpu_prov = p.nodes * p.node.cpu, p.nodes * p.node.gpu
     idle = [n for n in p.node_states if not n.booting and n.cpu_allocated <= 1e-9
             and n.gpu_free >= p.node.gpu]
@@ -171,10 +189,28 @@ def edges(snapshot: FederationSnapshot, k_neighbours: int = K_NEIGHBOURS
             np.asarray(feats, dtype=np.float32).reshape(len(src), len(EDGE_FEATURES)))
 
 
+def growth_rates(snapshot: FederationSnapshot, *, net: bool = True
+                 ) -> dict[tuple[str, str], tuple[float, float]]:
+    """(cluster, pool) -> the (vCPU/s, GPU/s) growth the forecast features extrapolate: the
+    planner's own forecast rate (`decisions.forecast_rate`: demand EWMA minus release EWMA
+    with `net`, else demand alone), growth only (negative parts count 0, as the look-ahead
+    scale-in and the drain floor count them)."""
+    cfg = _NET if net else _ARRIVALS
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for c in snapshot.clusters:
+        for p in c.pools:
+            cpu, gpu = forecast_rate(snapshot, cfg, c.name, p.name)
+            out[c.name, p.name] = (max(0.0, cpu), max(0.0, gpu))
+    return out
+
+
 def batch_features(snapshot: FederationSnapshot,
-                   forecast_window_s: float = FORECAST_WINDOW_S) -> list[float]:
+                   forecast_window_s: float = FORECAST_WINDOW_S,
+                   growth: Mapping[tuple[str, str], tuple[float, float]] | None = None
+                   ) -> list[float]:
     pend = snapshot.pending
-    rates = [snapshot.demand_of(c.name, p.name) for c in snapshot.clusters for p in c.pools]
+    grown = growth if growth is not None else growth_rates(snapshot)
+    rates = list(grown.values())
     day = 2 * math.pi * (snapshot.now_s % 86400.0) / 86400.0
     n = len(pend)
     return [
@@ -191,22 +227,24 @@ def batch_features(snapshot: FederationSnapshot,
 
 
 def observe(snapshot: FederationSnapshot, *, k_neighbours: int = K_NEIGHBOURS,
-            forecast_window_s: float = FORECAST_WINDOW_S) -> GraphObs:
+            forecast_window_s: float = FORECAST_WINDOW_S,
+            net_forecast: bool = NET_FORECAST) -> GraphObs:
     """The policy's observation of `snapshot` (see the module docstring)."""
     clusters = snapshot.clusters
     window = max(0.0, forecast_window_s)
+    growth = growth_rates(snapshot, net=net_forecast)
     edge_index, edge_x = edges(snapshot, k_neighbours)
-    node_x = np.asarray([node_features(c, window, snapshot.demand)
+    node_x = np.asarray([node_features(c, window, snapshot.demand, growth)
                          for c in clusters], dtype=np.float32)
     pools = [(i, c, p) for i, c in enumerate(clusters) for p in c.pools
              if not fixed_pool(c, p)]
-    pool_x = np.asarray([pool_features(p, snapshot.now_s, window,
-                                       snapshot.demand_of(c.name, p.name))
+    pool_x = np.asarray([pool_features(p, snapshot.now_s, window, growth[c.name, p.name])
                          for _, c, p in pools], dtype=np.float32)
     return GraphObs(names=tuple(c.name for c in clusters),
                     node_x=node_x.reshape(len(clusters), len(NODE_FEATURES)),
                     edge_index=edge_index, edge_x=edge_x,
-                    batch_x=np.asarray(batch_features(snapshot, window), dtype=np.float32),
+                    batch_x=np.asarray(batch_features(snapshot, window, growth),
+                                       dtype=np.float32),
                     pools=tuple((c.name, p.name) for _, c, p in pools),
                     pool_x=pool_x.reshape(len(pools), len(POOL_FEATURES)),
                     pool_cluster=np.asarray([i for i, _, _ in pools], dtype=np.int64))

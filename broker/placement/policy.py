@@ -294,6 +294,14 @@ class ActorCritic(nn.Module):
         """Where the fixed weights this model was trained against differ from today's."""
         return fixed_weights_warnings(self.meta)
 
+    @property
+    def net_forecast_observed(self) -> bool:
+        """Whether this model was trained on forecast features of net growth (its record's
+        `observation.net_forecast`; observe.py): the shells build its observation that way,
+        so a checkpoint trained on arrivals alone (es3, no record) still gets arrivals."""
+        rec = self.meta.get(FIXED_WEIGHTS_KEY)
+        return isinstance(rec, dict) and rec.get("observation.net_forecast") == 1.0
+
     @classmethod
     def load(cls, source: str | Path | bytes) -> ActorCritic:
         """Load a checkpoint from a path or bytes; raises ValueError on a foreign file."""

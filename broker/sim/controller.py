@@ -17,10 +17,12 @@ if TYPE_CHECKING:
     from broker.sim.engine import Engine
 
 
-def observe_engine(engine: Engine) -> GraphObs:
-    """The policy's observation of the engine's state now (every pending workload), its
-    demand forecast over the policy's decision interval (the time its action stands)."""
-    return observe(engine.snapshot(), forecast_window_s=engine.config.decision_interval_s)
+def observe_engine(engine: Engine, model: ActorCritic) -> GraphObs:
+    """`model`'s observation of the engine's state now (every pending workload), its
+    demand forecast over the policy's decision interval (the time its action stands), its
+    forecast features as the model was trained on them (`net_forecast_observed`)."""
+    return observe(engine.snapshot(), forecast_window_s=engine.config.decision_interval_s,
+                   net_forecast=model.net_forecast_observed)
 
 
 class PolicyController:
@@ -31,6 +33,6 @@ class PolicyController:
         self.visited: list[GraphObs] = []
 
     def act(self, engine: Engine, now_s: float) -> PolicyAction:
-        obs = observe_engine(engine)
+        obs = observe_engine(engine, self.model)
         self.visited.append(obs)
         return self.model.act(obs).action

@@ -115,7 +115,7 @@ class Recorder:
             self._last = self._totals(engine)
         if self.steps:
             self.steps[-1].reward = self._reward(engine)
-        obs = observe_engine(engine)
+        obs = observe_engine(engine, self.model)
         s = self.model.act(obs, sample=self.sample, generator=self.gen)
         self.steps.append(Step(obs, s.raw, s.log_prob, s.value))
         return s.action

@@ -6,6 +6,8 @@ nodes nobody needed and the look-ahead scale-in kept them. Now the rate is arriv
 releases (FederationSnapshot.freed): what workloads that ended (finished, failed,
 cancelled) gave back, the same EWMA rule, kept by the twin as its jobs finish and read live
 from the workloads that reached a final status (tests/integration/test_net_forecast_live.py).
+Since 2026-12-07 the policy's observation forecasts the same net growth (observe.py), for
+checkpoints trained on it; es3, trained on arrivals alone, is still observed so.
 """
 
 from __future__ import annotations
@@ -18,10 +20,20 @@ import pytest
 
 from broker.domain import FederationSnapshot, NodeState, PolicyAction, Resources
 from broker.placement import decisions
+from broker.placement import observe as obs_mod
 from broker.placement.decisions import DecisionConfig
 from broker.placement.observed import freed_rates
 from broker.placement.planner import PlannerConfig, plan_epoch
+from broker.placement.policy import (
+    BATCH_FEATURES,
+    HIDDEN,
+    MP_ROUNDS,
+    NODE_FEATURES,
+    POOL_FEATURES,
+    ActorCritic,
+)
 from broker.sim import state as sim_state
+from broker.sim.controller import observe_engine
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.realize import TwinNoise
 from broker.sim.scenario import PoolSpec
@@ -125,3 +137,58 @@ def test_the_twin_counts_a_finished_job_into_its_pools_release_rate_not_a_scale_
     tau = eng.config.demand_tau_s
     assert eng.snapshot().freed[key][0] == pytest.approx(
         2.0 / tau * math.exp(-(eng.now - t_end) / tau))
+
+
+def test_the_policy_observes_the_forecast_the_planner_acts_on() -> None:
+    # The observation's forecast features (observe.py) extrapolate the same net rate as the
+    # prewarm rule: a churning pool forecasts no growth, net growth is demand - releases
+    # over the window, and a shrinking pool counts 0 (growth only), never a negative share.
+    window = 120.0
+    node_fc = NODE_FEATURES.index("forecast_cpu_frac")
+    pool_fc = POOL_FEATURES.index("forecast_frac")
+    batch_fc = BATCH_FEATURES.index("forecast_cpu_log")
+    recent = NODE_FEATURES.index("recent_demand")
+
+    def features(freed: float, *, net: bool = True) -> tuple[float, float, float, float]:
+        o = obs_mod.observe(_churning(freed), forecast_window_s=window, net_forecast=net)
+        return (float(o.node_x[0, node_fc]), float(o.pool_x[0, pool_fc]),
+                float(o.batch_x[batch_fc]), float(o.node_x[0, recent]))
+
+    steady = features(0.1)
+    assert steady[:3] == (0.0, 0.0, 0.0)
+    grow = features(0.02)  # 0.08 vCPU/s x 120 s = 9.6 vCPU against 16 provisioned
+    assert grow[0] == pytest.approx(9.6 / 16, rel=1e-6)
+    assert grow[1] == pytest.approx(9.6 / 16, rel=1e-6)
+    assert grow[2] == pytest.approx(math.log1p(9.6), rel=1e-6)
+    assert features(0.3)[:3] == (0.0, 0.0, 0.0)  # shrinking: no growth, not negative
+    # Arrivals alone (the features es3 was trained on): 12 vCPU over the window.
+    gross = features(0.1, net=False)
+    assert gross[0] == pytest.approx(12.0 / 16, rel=1e-6)
+    assert gross[2] == pytest.approx(math.log1p(12.0), rel=1e-6)
+    # What arrived recently is still observed as it was, whatever ended.
+    assert steady[3] == grow[3] == gross[3] > 0.0
+
+
+def test_each_checkpoint_is_observed_as_it_was_trained() -> None:
+    # es3 (the shipped file) was trained when the forecast columns carried arrivals alone and
+    # records no `observation.net_forecast`: the shells give it arrivals, so its decisions
+    # are what they were. A model recording today's fixed weights (every model trained or
+    # saved since) gets net growth. The twin's controller builds each one's observation so.
+    es3 = ActorCritic.load_default()
+    assert es3 is not None
+    assert not es3.net_forecast_observed
+    fresh = ActorCritic(hidden=HIDDEN, rounds=MP_ROUNDS)
+    assert fresh.net_forecast_observed
+    d: dict[str, Any] = doc(nodes=2, max_nodes=4, horizon_s=1500.0)
+    scn = scenario(d, "a,0,batch,2,1,1,0,600,,,0,,0\nb,0,batch,2,1,1,0,300,,,0,,0\n")
+    eng = Engine(scn, FakeCatalog(), SimConfig(noise=TwinNoise.off()))
+    eng.run()  # both jobs ran and ended: what arrived has all been given back
+    key = next(iter(eng.pool_keys))
+    snap = eng.snapshot()
+    assert snap.demand[key][0] > 0.0
+    assert snap.freed[key][0] > 0.0
+    fc = POOL_FEATURES.index("forecast_frac")
+    arrivals = float(observe_engine(eng, es3).pool_x[0, fc])
+    net = float(observe_engine(eng, fresh).pool_x[0, fc])
+    assert arrivals > 0.0
+    assert net == 0.0  # releases came after the arrivals: no growth to forecast

@@ -150,3 +150,18 @@ def test_the_record_holds_the_bound_on_learned_idle_timers() -> None:
     rec = {k: v for k, v in fixed_weights().items() if k != "decision.policy_idle_min_s"}
     [line] = fixed_weights_warnings({FIXED_WEIGHTS_KEY: rec})
     assert line.startswith("fixed weight decision.policy_idle_min_s: not recorded")
+
+
+def test_the_record_says_what_the_forecast_features_mean() -> None:
+    """Checkpoints trained when the observation's forecast features were arrivals alone
+    (es3) are named as such: since 2026-12-07 those columns carry net growth."""
+    from broker.placement import observe
+    from broker.placement.action_space import OBSERVE_NET_FORECAST
+
+    assert fixed_weights()["observation.net_forecast"] == 1.0 == float(OBSERVE_NET_FORECAST)
+    assert observe.NET_FORECAST is True  # observe's default is what the record says
+    rec = {k: v for k, v in fixed_weights().items() if k != "observation.net_forecast"}
+    [line] = fixed_weights_warnings({FIXED_WEIGHTS_KEY: rec})
+    assert line.startswith("fixed weight observation.net_forecast: not recorded")
+    [line] = fixed_weights_warnings({FIXED_WEIGHTS_KEY: {**rec, "observation.net_forecast": 0.0}})
+    assert line == "fixed weight observation.net_forecast: trained against 0.0, today 1"
