@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from broker.domain import FederationSnapshot, NodeState, PolicyAction, Resources
 from broker.placement import decisions
 from broker.placement import observe as obs_mod
+from broker.placement.action_space import FIXED_WEIGHTS_KEY
 from broker.placement.decisions import DecisionConfig
 from broker.placement.observed import freed_rates
 from broker.placement.planner import PlannerConfig, plan_epoch
@@ -169,16 +172,21 @@ def test_the_policy_observes_the_forecast_the_planner_acts_on() -> None:
     assert steady[3] == grow[3] == gross[3] > 0.0
 
 
-def test_each_checkpoint_is_observed_as_it_was_trained() -> None:
-    # es3 (the shipped file) was trained when the forecast columns carried arrivals alone and
-    # records no `observation.net_forecast`: the shells give it arrivals, so its decisions
-    # are what they were. A model recording today's fixed weights (every model trained or
-    # saved since) gets net growth. The twin's controller builds each one's observation so.
-    es3 = ActorCritic.load_default()
-    assert es3 is not None
-    assert not es3.net_forecast_observed
+def test_each_checkpoint_is_observed_as_it_was_trained(tmp_path: Path) -> None:
+    # A checkpoint saved before 2026-12-07 (es3) was trained when the forecast columns
+    # carried arrivals alone, and its record has no `observation.net_forecast`: the shells
+    # give it arrivals, so its decisions are what they were. A model recording today's fixed
+    # weights (every model trained or saved since) gets net growth. The twin's controller
+    # builds each one's observation so.
     fresh = ActorCritic(hidden=HIDDEN, rounds=MP_ROUNDS)
     assert fresh.net_forecast_observed
+    fresh.save(tmp_path / "new.pt")
+    assert ActorCritic.load(tmp_path / "new.pt").net_forecast_observed
+    blob = torch.load(tmp_path / "new.pt", weights_only=True)
+    del blob["meta"][FIXED_WEIGHTS_KEY]["observation.net_forecast"]  # as es3 recorded it
+    torch.save(blob, tmp_path / "old.pt")
+    old = ActorCritic.load(tmp_path / "old.pt")
+    assert not old.net_forecast_observed
     d: dict[str, Any] = doc(nodes=2, max_nodes=4, horizon_s=1500.0)
     scn = scenario(d, "a,0,batch,2,1,1,0,600,,,0,,0\nb,0,batch,2,1,1,0,300,,,0,,0\n")
     eng = Engine(scn, FakeCatalog(), SimConfig(noise=TwinNoise.off()))
@@ -188,7 +196,7 @@ def test_each_checkpoint_is_observed_as_it_was_trained() -> None:
     assert snap.demand[key][0] > 0.0
     assert snap.freed[key][0] > 0.0
     fc = POOL_FEATURES.index("forecast_frac")
-    arrivals = float(observe_engine(eng, es3).pool_x[0, fc])
+    arrivals = float(observe_engine(eng, old).pool_x[0, fc])
     net = float(observe_engine(eng, fresh).pool_x[0, fc])
     assert arrivals > 0.0
     assert net == 0.0  # releases came after the arrivals: no growth to forecast
