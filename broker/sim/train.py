@@ -26,15 +26,16 @@ so the checkpoint records `episodes`: `--episodes N --seed S` reproduces it bit 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -411,10 +412,50 @@ def checkpoint_meta(path: Path) -> dict[str, object]:
     return dict(meta) if isinstance(meta, dict) else {}
 
 
+# Seconds between two progress lines when stderr is not a terminal (a log, a CI job).
+PROGRESS_LINE_EVERY_S = 30.0
+
+
+class ProgressLines:
+    """Training progress as plain lines, for a stream that is not a terminal: the first
+    report, then at most one every `every_s` seconds, and the last (frac 1). Why: rich's bar
+    draws nothing where stderr is a file or a pipe, and a 40-minute `skyfed train` run under
+    nohup or in CI then printed nothing until it ended."""
+
+    def __init__(self, stream: TextIO, every_s: float = PROGRESS_LINE_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream, self.every_s, self.clock = stream, every_s, clock
+        self._last = -math.inf
+
+    def __call__(self, frac: float, msg: str) -> None:
+        now = self.clock()
+        if frac >= 1.0 or now - self._last >= self.every_s:
+            self._last = now
+            print(f"[train] {100.0 * min(max(frac, 0.0), 1.0):5.1f} % {msg}", file=self.stream,
+                  flush=True)
+
+
+@contextlib.contextmanager
+def progress_reporter(stream: TextIO) -> Iterator[Callable[[float, str], None]]:
+    """A progress callback (fraction done, message): rich's bar on a terminal, else
+    `ProgressLines`."""
+    if stream.isatty():
+        from rich.console import Console
+        from rich.progress import Progress
+
+        with Progress(transient=True, console=Console(file=stream)) as bar:
+            task = bar.add_task("training", total=1.0)
+
+            def update(frac: float, msg: str) -> None:
+                bar.update(task, completed=frac, description=f"training: {msg}")
+
+            yield update
+    else:
+        yield ProgressLines(stream)
+
+
 def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
     """`skyfed train`: optional weight tuning, then training; writes the checkpoint."""
-    from rich.progress import Progress
-
     torch.set_num_threads(1)
     catalog = Catalog.load()
     budget = cfg.minutes * 60.0
@@ -433,12 +474,7 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
             catalog, cfg, budget * 0.5, best,
             say=lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
         budget *= 0.5
-    with Progress(transient=True) as bar:
-        task = bar.add_task("training", total=1.0)
-
-        def update(frac: float, msg: str) -> None:
-            bar.update(task, completed=frac, description=f"training: {msg}")
-
+    with progress_reporter(sys.stderr) as update:
         res = train_model(catalog, replace(cfg, weights=weights), budget_s=budget,
                           progress=update, start=best)
     meta: dict[str, object] = {
@@ -466,4 +502,5 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
 
 
 __all__ = ["Draw", "Recorder", "RewardWeights", "Step", "TrainConfig", "baseline_totals",
-           "draw_scenario", "load_target", "rollout", "to_action", "totals", "train_policy"]
+           "ProgressLines", "draw_scenario", "load_target", "progress_reporter", "rollout",
+           "to_action", "totals", "train_policy"]

@@ -114,3 +114,28 @@ def test_the_held_out_drafts_hold_every_trace_kind() -> None:
     with_data = held_out(3, Path("data"))
     assert sorted(d.kind for d in with_data if d.trace) == sorted(KINDS)  # type: ignore[type-var]
     assert [d.kind for d in held_out(3, None) if d.trace] == []
+
+
+def test_training_reports_progress_as_lines_where_stderr_is_not_a_terminal() -> None:
+    """`skyfed train` under nohup or in CI: rich's bar draws nothing on a file, so progress
+    comes as plain lines, the first at once, then at most one per interval, and the last."""
+    import io
+
+    from broker.sim.train import ProgressLines, progress_reporter
+
+    now = [0.0]
+    out = io.StringIO()
+    lines = ProgressLines(out, every_s=30.0, clock=lambda: now[0])
+    for t, frac in ((0.0, 0.01), (10.0, 0.1), (29.0, 0.2), (31.0, 0.3), (50.0, 0.5),
+                    (55.0, 1.0)):
+        now[0] = t
+        lines(frac, f"iteration {int(frac * 100)} held-out 0.00")
+    assert out.getvalue().splitlines() == [
+        "[train]   1.0 % iteration 1 held-out 0.00",
+        "[train]  30.0 % iteration 30 held-out 0.00",
+        "[train] 100.0 % iteration 100 held-out 0.00",
+    ]
+    stream = io.StringIO()  # not a terminal
+    with progress_reporter(stream) as update:
+        update(0.5, "episode 3 reward 0.100")
+    assert stream.getvalue() == "[train]  50.0 % episode 3 reward 0.100\n"
