@@ -203,8 +203,13 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
                                                            dict[str, object]]],
                                  list[PairTask]], list[tuple[dict[str, object],
                                                              dict[str, object]]]],
-             progress: Callable[[float, str], None] | None = None) -> EsOutcome:
-    """ES on `model`'s heads (module docstring); `pool_map` runs the pairs (in processes)."""
+             progress: Callable[[float, str], None] | None = None,
+             on_best: Callable[[dict[str, torch.Tensor], list[dict[str, object]]], None]
+             | None = None) -> EsOutcome:
+    """ES on `model`'s heads (module docstring); `pool_map` runs the pairs (in processes).
+    `on_best(state, history)` is called each time the held-out score improves, with the
+    state dict of the new best parameters (`skyfed train` writes it to its --out file, so a
+    run that is stopped keeps what it had found)."""
     rng = random.Random(seed)
     noise = np.random.default_rng(seed)
     keys = tuple(es_keys(model))
@@ -242,6 +247,8 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
                         "held_out_slo_vs_lp": round(dslo, 5)})
         if score > best_score:
             best_score, best_theta = score, th.copy()
+            if on_best is not None:
+                on_best(with_vector(base_state, keys, best_theta), list(history))
 
     while True:
         if iterations is not None and it >= iterations:

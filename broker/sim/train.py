@@ -202,8 +202,10 @@ class TrainOutcome:
 
 def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
                 progress: Callable[[float, str], None] | None = None,
-                start: ActorCritic | None = None) -> TrainOutcome:
-    """One training run with fixed reward weights (from `start`'s weights when given).
+                start: ActorCritic | None = None,
+                autosave: Path | None = None) -> TrainOutcome:
+    """One training run with fixed reward weights (from `start`'s weights when given;
+    `autosave`: ES writes each new best there as it finds it, `_train_es`).
 
     Each update runs `episodes_per_update` episodes with the current weights, in `jobs`
     processes; every episode's scenario and sampling seed are drawn here, in order.
@@ -215,7 +217,7 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
     if start is not None:
         model.load_state_dict(start.state_dict())
     if cfg.algorithm == "es":
-        return _train_es(model, cfg, budget_s=budget_s, progress=progress)
+        return _train_es(model, cfg, budget_s=budget_s, progress=progress, autosave=autosave)
     if cfg.algorithm != "ppo":
         raise ValueError(f"algorithm {cfg.algorithm!r}: expected ppo or es")
     model.train()
@@ -259,10 +261,24 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
 
 
 def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
-              progress: Callable[[float, str], None] | None) -> TrainOutcome:
+              progress: Callable[[float, str], None] | None,
+              autosave: Path | None = None) -> TrainOutcome:
     """broker/sim/es.py on `model`; `cfg.episodes` (when given) fixes the iterations: one
-    iteration runs 2 x es_pairs episodes."""
+    iteration runs 2 x es_pairs episodes. `autosave`: where each new best (by the held-out
+    score) is written at once, marked `"partial": true` in its metadata, so a run that is
+    interrupted (Ctrl-C, a killed job, a crash) leaves the best it had found; the finished
+    run overwrites it with the full record."""
     from broker.sim.es import train_es
+
+    def save_best(state: dict[str, torch.Tensor], history: list[dict[str, object]]) -> None:
+        if autosave is None:
+            return
+        best = ActorCritic(hidden=HIDDEN, rounds=MP_ROUNDS)
+        best.load_state_dict(state)
+        save_atomically(best, autosave, meta={
+            "partial": True, "seed": cfg.seed, "weights": cfg.weights.__dict__,
+            "algorithm": "ES (antithetic pairs, whole episodes, actor heads' last layers)",
+            "es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma, "es_held_out": history})
 
     iterations = None if cfg.episodes is None else max(1, cfg.episodes // (2 * cfg.es_pairs))
     with spawned(cfg.jobs) as pool:
@@ -275,7 +291,7 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
                        eval_every=cfg.es_eval_every,
                        decision_interval_s=cfg.decision_interval_s, scenarios=cfg.scenarios,
                        data=cfg.data, trace_share=cfg.trace_share, extra_share=cfg.extra_share,
-                       pool_map=pool_map, progress=progress)
+                       pool_map=pool_map, progress=progress, on_best=save_best)
     model.load_state_dict(out.state)
     model.eval()
     scores = [float(h["held_out_score"]) for h in out.history  # type: ignore[arg-type]
@@ -412,6 +428,15 @@ def checkpoint_meta(path: Path) -> dict[str, object]:
     return dict(meta) if isinstance(meta, dict) else {}
 
 
+def save_atomically(model: ActorCritic, path: Path, *, meta: dict[str, object]) -> None:
+    """Write a checkpoint to a temporary file beside `path`, then rename it over `path`: a
+    reader (or a crash mid-write) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    model.save(tmp, meta=meta)
+    tmp.replace(path)
+
+
 # Seconds between two progress lines when stderr is not a terminal (a log, a CI job).
 PROGRESS_LINE_EVERY_S = 30.0
 
@@ -476,7 +501,7 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         budget *= 0.5
     with progress_reporter(sys.stderr) as update:
         res = train_model(catalog, replace(cfg, weights=weights), budget_s=budget,
-                          progress=update, start=best)
+                          progress=update, start=best, autosave=out)
     meta: dict[str, object] = {
         "seed": cfg.seed, "episodes": res.episodes, "steps": res.steps, "lr": cfg.lr,
         "started_from_trial": cfg.tune_trials > 0 and best is not None,
@@ -494,13 +519,25 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
     if cfg.algorithm == "es":
         meta.update({"es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
                      "es_iterations": res.iterations, "es_held_out": res.history})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    res.model.save(out, meta=meta)
+    save_atomically(res.model, out, meta=meta)
     return {**meta, "checkpoint": str(out), "bytes": out.stat().st_size,
             "mean_step_reward_first_quarter": round(res.mean_reward_first, 4),
             "mean_step_reward_last_quarter": round(res.mean_reward_last, 4)}
 
 
-__all__ = ["Draw", "Recorder", "RewardWeights", "Step", "TrainConfig", "baseline_totals",
-           "ProgressLines", "draw_scenario", "load_target", "progress_reporter", "rollout",
-           "to_action", "totals", "train_policy"]
+__all__ = [
+    "Draw",
+    "ProgressLines",
+    "Recorder",
+    "RewardWeights",
+    "Step",
+    "TrainConfig",
+    "baseline_totals",
+    "draw_scenario",
+    "load_target",
+    "progress_reporter",
+    "rollout",
+    "to_action",
+    "totals",
+    "train_policy",
+]

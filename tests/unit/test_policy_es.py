@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -139,3 +140,34 @@ def test_training_reports_progress_as_lines_where_stderr_is_not_a_terminal() -> 
     with progress_reporter(stream) as update:
         update(0.5, "episode 3 reward 0.100")
     assert stream.getvalue() == "[train]  50.0 % episode 3 reward 0.100\n"
+
+
+def test_each_new_best_is_handed_out_as_it_is_found() -> None:
+    """`skyfed train` writes every new held-out best to its --out file (`on_best`), so a run
+    stopped midway keeps the best parameters it had found, and the last one handed out is
+    the result."""
+    torch.manual_seed(0)
+    model = ActorCritic()
+    keys = es_keys(model)
+    target = get_vector(model, keys) + 0.5
+    seen: list[tuple[dict[str, torch.Tensor], int]] = []
+    out = train_es(model, weights=W, seed=1, budget_s=1e9, iterations=30, pairs=8,
+                   sigma=0.1, lr=0.05, eval_every=10, decision_interval_s=300.0,
+                   scenarios=(), data=None, trace_share=0.0, extra_share=0.0,
+                   pool_map=_quadratic_world(target),
+                   on_best=lambda state, history: seen.append((state, len(history))))
+    assert len(seen) >= 2  # the start, then at least one improvement
+    assert [n for _, n in seen] == sorted({n for _, n in seen})  # one per new best, in order
+    last, _ = seen[-1]
+    assert all(torch.equal(last[k], out.state[k]) for k in out.state)
+
+
+def test_a_checkpoint_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    from broker.sim.train import save_atomically
+
+    path = tmp_path / "runs" / "es.pt"
+    save_atomically(ActorCritic(), path, meta={"partial": True})
+    assert ActorCritic.load(path).meta["partial"] is True
+    save_atomically(ActorCritic(), path, meta={"partial": False})
+    assert ActorCritic.load(path).meta["partial"] is False
+    assert sorted(p.name for p in path.parent.iterdir()) == ["es.pt"]  # no temporary left
