@@ -138,6 +138,9 @@ def train(
         min=1, max=256, help="es: antithetic pairs (scenarios) per iteration")] = 8,
     es_sigma: Annotated[float, typer.Option(
         min=1e-4, max=10.0, help="es: noise scale of the parameter perturbations")] = 0.1,
+    es_freeze: Annotated[str | None, typer.Option(
+        help="es: comma-separated actions left at their start (the fixed weights from a "
+             "fresh model), e.g. 'cluster_bias_usd_per_hour,spot_bias_usd_per_hour'")] = None,
 ) -> None:
     """Train the actor-critic policy in the twin on randomized scenarios (PPO+GAE, or ES
     with --algorithm es). CPU only."""
@@ -154,11 +157,16 @@ def train(
                           tune_trials=tune_trials, target=tgt, episodes=episodes, jobs=jobs,
                           lr=lr, start=start, data=data, trace_share=trace_share,
                           weights=weights, algorithm=algorithm, es_pairs=es_pairs,
-                          es_sigma=es_sigma)
+                          es_sigma=es_sigma, es_freeze=_freeze(es_freeze))
         summary = train_policy(cfg, out)
     except (ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None
     Console().print(summary)
+
+
+def _freeze(text: str | None) -> tuple[str, ...]:
+    """--es-freeze's action names (checked against the actions by es.free_mask)."""
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
 @policy_app.command("rules")

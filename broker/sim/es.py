@@ -53,14 +53,22 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from broker.placement.policy import HIDDEN, MP_ROUNDS, ActorCritic
+from broker.placement.policy import (
+    ACTIONS,
+    GLOBAL_ACTIONS,
+    HIDDEN,
+    MP_ROUNDS,
+    NODE_ACTIONS,
+    POOL_ACTIONS,
+    ActorCritic,
+)
 from broker.sim.controller import PolicyController
 from broker.sim.engine import Engine, SimConfig
 from broker.sim.rollout import Draw, RewardWeights, _catalog, _extra, draw, scenario_of
@@ -75,6 +83,28 @@ CLIP_D = 3.0
 def es_keys(model: ActorCritic) -> list[str]:
     """The state-dict keys ES moves (the heads' last layers), in a fixed order."""
     return [k for k in model.state_dict() if k.startswith(ES_LAYERS)]
+
+
+def free_mask(model: ActorCritic, keys: Sequence[str], frozen: Collection[str]) -> np.ndarray:
+    """1.0 for each coordinate of the ES vector that may move, 0.0 for the rows of the heads'
+    last layers that output an action in `frozen` (action names, `ACTIONS`): those keep
+    their start, the neutral zone of a fresh model, so the action is the fixed weights' in
+    every state (or, from `--start`, the checkpoint's). A pool-scope action is frozen in the
+    node head (its per-cluster base) and the pool readout alike."""
+    known = {a.name for a in ACTIONS}
+    unknown = sorted(set(frozen) - known)
+    if unknown:
+        raise ValueError(f"es_freeze: unknown action(s) {unknown} (known: {sorted(known)})")
+    rows = {"node_head.2.": NODE_ACTIONS, "global_head.2.": GLOBAL_ACTIONS,
+            "pool_head.2.": POOL_ACTIONS}
+    state = model.state_dict()
+    parts = []
+    for k in keys:
+        names = next(acts for prefix, acts in rows.items() if k.startswith(prefix))
+        ok = np.array([a.name not in frozen for a in names], dtype=np.float64)
+        t = state[k]
+        parts.append((np.repeat(ok[:, None], t.shape[1], axis=1) if t.ndim == 2 else ok).ravel())
+    return np.concatenate(parts)
 
 
 def get_vector(model: ActorCritic, keys: Sequence[str]) -> np.ndarray:
@@ -205,16 +235,18 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
                                                              dict[str, object]]]],
              progress: Callable[[float, str], None] | None = None,
              on_best: Callable[[dict[str, torch.Tensor], list[dict[str, object]]], None]
-             | None = None) -> EsOutcome:
+             | None = None, frozen: Collection[str] = ()) -> EsOutcome:
     """ES on `model`'s heads (module docstring); `pool_map` runs the pairs (in processes).
     `on_best(state, history)` is called each time the held-out score improves, with the
     state dict of the new best parameters (`skyfed train` writes it to its --out file, so a
-    run that is stopped keeps what it had found)."""
+    run that is stopped keeps what it had found). `frozen`: actions ES leaves where they
+    start (`free_mask`)."""
     rng = random.Random(seed)
     noise = np.random.default_rng(seed)
     keys = tuple(es_keys(model))
     base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     theta = get_vector(model, keys)
+    mask = free_mask(model, keys, frozen)
     adam = _Adam(theta.size, lr)
     share = trace_share if data is not None else 0.0
     checks = held_out(seed, data)
@@ -257,7 +289,8 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
             break
         if it % eval_every == 0:
             check(theta)
-        eps = noise.standard_normal((pairs, theta.size))
+        # Drawn whole, then masked: the free coordinates get the same noise whatever is frozen.
+        eps = noise.standard_normal((pairs, theta.size)) * mask
         tasks = [PairTask(base_state, keys, theta, eps[k], sigma,
                           draw(rng, len(scenarios), extra_share, share), decision_interval_s,
                           scenarios, data) for k in range(pairs)]

@@ -104,6 +104,8 @@ class TrainConfig:
     es_pairs: int = 8
     es_sigma: float = 0.1
     es_eval_every: int = 5
+    # Actions ES leaves at their start (es.free_mask), e.g. ("cluster_bias_usd_per_hour",).
+    es_freeze: tuple[str, ...] = ()
 
 
 def load_target(path: Path | None) -> dict[str, float]:
@@ -278,7 +280,8 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
         save_atomically(best, autosave, meta={
             "partial": True, "seed": cfg.seed, "weights": cfg.weights.__dict__,
             "algorithm": "ES (antithetic pairs, whole episodes, actor heads' last layers)",
-            "es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma, "es_held_out": history})
+            "es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
+            "es_freeze": list(cfg.es_freeze), "es_held_out": history})
 
     iterations = None if cfg.episodes is None else max(1, cfg.episodes // (2 * cfg.es_pairs))
     with spawned(cfg.jobs) as pool:
@@ -291,7 +294,8 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
                        eval_every=cfg.es_eval_every,
                        decision_interval_s=cfg.decision_interval_s, scenarios=cfg.scenarios,
                        data=cfg.data, trace_share=cfg.trace_share, extra_share=cfg.extra_share,
-                       pool_map=pool_map, progress=progress, on_best=save_best)
+                       pool_map=pool_map, progress=progress, on_best=save_best,
+                       frozen=cfg.es_freeze)
     model.load_state_dict(out.state)
     model.eval()
     scores = [float(h["held_out_score"]) for h in out.history  # type: ignore[arg-type]
@@ -518,6 +522,7 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
     }
     if cfg.algorithm == "es":
         meta.update({"es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
+                     "es_freeze": list(cfg.es_freeze),
                      "es_iterations": res.iterations, "es_held_out": res.history})
     save_atomically(res.model, out, meta=meta)
     return {**meta, "checkpoint": str(out), "bytes": out.stat().st_size,

@@ -6,12 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from broker.placement.policy import ActorCritic
 from broker.sim.es import (
     PairTask,
     es_keys,
+    free_mask,
     get_vector,
     held_out,
     pair_scores,
@@ -171,3 +173,34 @@ def test_a_checkpoint_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     save_atomically(ActorCritic(), path, meta={"partial": False})
     assert ActorCritic.load(path).meta["partial"] is False
     assert sorted(p.name for p in path.parent.iterdir()) == ["es.pt"]  # no temporary left
+
+
+def test_frozen_actions_stay_at_their_start_and_the_rest_still_learn() -> None:
+    """--es-freeze: the heads' rows that output a frozen action keep their start (a fresh
+    model's neutral zone: the fixed weights in every state); the other rows move."""
+    from broker.placement.policy import NODE_ACTIONS, POOL_ACTIONS
+
+    torch.manual_seed(0)
+    model = ActorCritic()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    keys = es_keys(model)
+    target = get_vector(model, keys) + 0.5
+    frozen = ("cluster_bias_usd_per_hour", "spot_bias_usd_per_hour")
+    out = train_es(model, weights=W, seed=1, budget_s=1e9, iterations=20, pairs=8,
+                   sigma=0.1, lr=0.05, eval_every=10, decision_interval_s=300.0,
+                   scenarios=(), data=None, trace_share=0.0, extra_share=0.0,
+                   pool_map=_quadratic_world(target), frozen=frozen)
+    node = [a.name for a in NODE_ACTIONS]
+    pool = [a.name for a in POOL_ACTIONS]
+    for name in frozen:
+        i = node.index(name)
+        assert torch.equal(out.state["node_head.2.weight"][i], before["node_head.2.weight"][i])
+        assert torch.equal(out.state["node_head.2.bias"][i], before["node_head.2.bias"][i])
+    j = pool.index("spot_bias_usd_per_hour")
+    assert torch.equal(out.state["pool_head.2.weight"][j], before["pool_head.2.weight"][j])
+    free = node.index("idle_timeout_s")
+    assert not torch.equal(out.state["node_head.2.weight"][free],
+                           before["node_head.2.weight"][free])
+    assert not torch.equal(out.state["global_head.2.bias"], before["global_head.2.bias"])
+    with pytest.raises(ValueError, match="unknown action"):
+        free_mask(model, keys, ("bias",))
