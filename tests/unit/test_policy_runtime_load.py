@@ -194,3 +194,31 @@ def test_reference_batch_is_the_recent_mean_and_whatifs_do_not_count() -> None:
     assert base.batch_x == pytest.approx(obs_small.batch_x, abs=1e-5)
     _, mixed = decode_observation(rt.decide(big).record["observation"])  # type: ignore[arg-type]
     assert mixed.batch_x[0] > obs_small.batch_x[0]  # now the burst moved the reference
+
+
+def test_the_live_runtime_observes_each_checkpoint_as_it_was_trained(tmp_path: Path) -> None:
+    """A checkpoint recording `observation.net_forecast` gets net growth in its forecast
+    columns live, as in the twin; one without the record (es3's kind) gets arrivals."""
+    from dataclasses import replace
+
+    from broker.placement.action_space import FIXED_WEIGHTS_KEY
+    from broker.placement.policy import POOL_FEATURES
+
+    snap = _snapshot()
+    key = (snap.clusters[0].name, snap.clusters[0].pools[0].name)
+    # As much ends as arrives in one pool: no growth, by the planner's forecast.
+    snap = replace(snap, demand={key: (0.05, 0.0)}, freed={key: (0.05, 0.0)})
+    new = tmp_path / "new.pt"
+    ActorCritic().save(new)
+    blob = torch.load(new, weights_only=True)
+    del blob["meta"][FIXED_WEIGHTS_KEY]["observation.net_forecast"]
+    old = tmp_path / "old.pt"
+    torch.save(blob, old)
+    fc = POOL_FEATURES.index("forecast_frac")
+    seen = {}
+    for name, path in (("new", new), ("old", old)):
+        rt = load_policy(_settings(checkpoint=str(path)))
+        obs, _ = decode_observation(rt.decide(snap).record["observation"])  # type: ignore[arg-type]
+        seen[name] = float(obs.pool_x[obs.pools.index(key), fc])
+    assert seen["new"] == 0.0
+    assert seen["old"] > 0.0
