@@ -79,24 +79,18 @@ UNKNOWN_RTT_MS = 1000.0
 FORECAST_WINDOW_S = 300.0
 FORECAST_CAP = 4.0
 NODE_VCPU_LOG_SCALE = 5.0
-# observe()'s default: the forecast features extrapolate net growth (`growth_rates`), as the
-# prewarm rule does; a model trained on arrivals alone is observed with net_forecast=False
-# (policy.ActorCritic.net_forecast_observed).
-NET_FORECAST = OBSERVE_NET_FORECAST
 _NET = DecisionConfig(net_forecast=True)
 _ARRIVALS = DecisionConfig(net_forecast=False)
 
 
-def node_features(c: Cluster, forecast_window_s: float = FORECAST_WINDOW_S,
-                  demand: Mapping[tuple[str, str], tuple[float, float]] | None = None,
-                  growth: Mapping[tuple[str, str], tuple[float, float]] | None = None
-                  ) -> list[float]:
+def node_features(c: Cluster, forecast_window_s: float,
+                  demand: Mapping[tuple[str, str], tuple[float, float]],
+                  growth: Mapping[tuple[str, str], tuple[float, float]]) -> list[float]:
     """One cluster's row of NODE_FEATURES (see the module docstring); `demand`: the
     snapshot's per-pool demand rates (FederationSnapshot.demand); `growth`: each pool's
-    forecast growth rate (`growth_rates`; the demand rates where None)."""
-    rates = [(demand or {}).get((c.name, p.name), (0.0, 0.0)) for p in c.pools]
-    grows = rates if growth is None else [growth.get((c.name, p.name), (0.0, 0.0))
-                                          for p in c.pools]
+    forecast growth rate (`growth_rates`)."""
+    rates = [demand.get((c.name, p.name), (0.0, 0.0)) for p in c.pools]
+    grows = [growth.get((c.name, p.name), (0.0, 0.0)) for p in c.pools]
     cpu_prov = sum(p.nodes * p.node.cpu for p in c.pools)
     cpu_used = sum(p.used.cpu for p in c.pools)
     gpu_prov = sum(p.nodes * p.node.gpu for p in c.pools)
@@ -204,13 +198,11 @@ def growth_rates(snapshot: FederationSnapshot, *, net: bool = True
     return out
 
 
-def batch_features(snapshot: FederationSnapshot,
-                   forecast_window_s: float = FORECAST_WINDOW_S,
-                   growth: Mapping[tuple[str, str], tuple[float, float]] | None = None
-                   ) -> list[float]:
+def batch_features(snapshot: FederationSnapshot, forecast_window_s: float,
+                   growth: Mapping[tuple[str, str], tuple[float, float]]) -> list[float]:
+    """BATCH_FEATURES of `snapshot`'s pending batch; `growth`: `growth_rates`."""
     pend = snapshot.pending
-    grown = growth if growth is not None else growth_rates(snapshot)
-    rates = list(grown.values())
+    rates = list(growth.values())
     day = 2 * math.pi * (snapshot.now_s % 86400.0) / 86400.0
     n = len(pend)
     return [
@@ -228,8 +220,10 @@ def batch_features(snapshot: FederationSnapshot,
 
 def observe(snapshot: FederationSnapshot, *, k_neighbours: int = K_NEIGHBOURS,
             forecast_window_s: float = FORECAST_WINDOW_S,
-            net_forecast: bool = NET_FORECAST) -> GraphObs:
-    """The policy's observation of `snapshot` (see the module docstring)."""
+            net_forecast: bool = OBSERVE_NET_FORECAST) -> GraphObs:
+    """The policy's observation of `snapshot` (see the module docstring); `net_forecast`:
+    forecast columns of net growth (the default) or, for a model trained on them, arrivals
+    alone (policy.ActorCritic.net_forecast_observed)."""
     clusters = snapshot.clusters
     window = max(0.0, forecast_window_s)
     growth = growth_rates(snapshot, net=net_forecast)

@@ -71,6 +71,8 @@ GAMMA, LAMBDA, CLIP, PPO_EPOCHS, LR, ENTROPY = 0.99, 0.95, 0.2, 4, 3e-4, 0.01
 DEFAULT_TARGET_PATH = Path("config/scenarios/operator_target.toml")
 TARGET_KEYS = ("cost_vs_lp", "slo_violation_frac", "scale_out_response_s_p50",
                "gpu_job_start_s_p50", "cross_zone_traffic_frac")
+# How the metadata names the ES trainer (a finished run's and a partial one's alike).
+ES_ALGORITHM = "ES (antithetic pairs, whole episodes, actor heads' last layers)"
 
 
 @dataclass(frozen=True)
@@ -279,8 +281,7 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
         best.load_state_dict(state)
         save_atomically(best, autosave, meta={
             "partial": True, "seed": cfg.seed, "weights": cfg.weights.__dict__,
-            "algorithm": "ES (antithetic pairs, whole episodes, actor heads' last layers)",
-            "es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
+            "algorithm": ES_ALGORITHM, "es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
             "es_freeze": list(cfg.es_freeze), "es_held_out": history})
 
     iterations = None if cfg.episodes is None else max(1, cfg.episodes // (2 * cfg.es_pairs))
@@ -511,8 +512,7 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         "started_from_trial": cfg.tune_trials > 0 and best is not None,
         "continued_from": before,
         "weights": weights.__dict__,
-        "algorithm": "PPO+GAE" if cfg.algorithm == "ppo" else
-        "ES (antithetic pairs, whole episodes, actor heads' last layers)",
+        "algorithm": "PPO+GAE" if cfg.algorithm == "ppo" else ES_ALGORITHM,
         "train_seconds": round(res.seconds, 1), "tune_trials": trials,
         "relative_reward": cfg.relative_reward, "jobs": cfg.jobs,
         "episodes_per_update": cfg.episodes_per_update,

@@ -155,11 +155,14 @@ def test_the_record_holds_the_bound_on_learned_idle_timers() -> None:
 def test_the_record_says_what_the_forecast_features_mean() -> None:
     """Checkpoints trained when the observation's forecast features were arrivals alone
     (es3) are named as such: since 2026-12-07 those columns carry net growth."""
+    import inspect
+
     from broker.placement import observe
     from broker.placement.action_space import OBSERVE_NET_FORECAST
 
     assert fixed_weights()["observation.net_forecast"] == 1.0 == float(OBSERVE_NET_FORECAST)
-    assert observe.NET_FORECAST is True  # observe's default is what the record says
+    # observe's default is what the record says
+    assert inspect.signature(observe.observe).parameters["net_forecast"].default is True
     rec = {k: v for k, v in fixed_weights().items() if k != "observation.net_forecast"}
     [line] = fixed_weights_warnings({FIXED_WEIGHTS_KEY: rec})
     assert line.startswith("fixed weight observation.net_forecast: not recorded")
