@@ -141,6 +141,9 @@ def train(
     es_freeze: Annotated[str | None, typer.Option(
         help="es: comma-separated actions left at their start (the fixed weights from a "
              "fresh model), e.g. 'cluster_bias_usd_per_hour,spot_bias_usd_per_hour'")] = None,
+    es_held_out: Annotated[int, typer.Option(
+        min=1, max=2, help="es: held-out drafts of each kind that pick the result (1: six "
+             "drafts, 2: twelve, about an eighth more episodes)")] = 1,
 ) -> None:
     """Train the actor-critic policy in the twin on randomized scenarios (PPO+GAE, or ES
     with --algorithm es). CPU only."""
@@ -157,7 +160,8 @@ def train(
                           tune_trials=tune_trials, target=tgt, episodes=episodes, jobs=jobs,
                           lr=lr, start=start, data=data, trace_share=trace_share,
                           weights=weights, algorithm=algorithm, es_pairs=es_pairs,
-                          es_sigma=es_sigma, es_freeze=_freeze(es_freeze))
+                          es_sigma=es_sigma, es_freeze=_freeze(es_freeze),
+                          es_held_out=es_held_out)
         summary = train_policy(cfg, out)
     except (ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None

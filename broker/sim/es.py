@@ -32,7 +32,8 @@ trainer optimises exactly that, with a policy search that needs no per-step cred
   learning"; mirrored sampling and fitness shaping as there);
 - every `eval_every` iterations the current parameters run the held-out drafts
   (`held_out`: one trace draft of each kind, services, edge, gpu and mixed, and two
-  synthetic ones, seeds outside the training range) against fixed-weight lp; the parameters
+  synthetic ones, seeds outside the training range; twice as many with `--es-held-out 2`)
+  against fixed-weight lp; the parameters
   with the best held-out score are the result. That score is robust (`robust_score`): the
   drafts' mean score plus the worst one where it is negative, so a policy that gains 3
   points on services and loses 2 on GPU work ranks below one that gains 1 everywhere. The
@@ -191,12 +192,23 @@ def run_pair(task: PairTask) -> tuple[dict[str, object], dict[str, object]]:
             _policy_run(task, task.theta - task.sigma * task.eps))
 
 
-def held_out(seed: int, data: Path | None) -> list[Draw]:
-    """The held-out drafts the trainer picks its result on: one of each trace kind (with
-    `data`) and two synthetic ones, seeds outside the training draws' range."""
-    out = [Draw(50_000_000 + seed * 10 + k, 0, 0, 7200.0, 0, trace=True, kind=kind)
-           for k, kind in enumerate(KINDS if data is not None else ())]
-    out += [Draw(60_000_000 + seed * 10 + k, 6, 1, 5400.0, 200) for k in range(2)]
+HELD_OUT_MAX_PER_KIND = 2
+
+
+def held_out(seed: int, data: Path | None, per_kind: int = 1) -> list[Draw]:
+    """The held-out drafts the trainer picks its result on: `per_kind` of each trace kind
+    (with `data`) and 2 x `per_kind` synthetic ones, seeds outside the training draws' range.
+    `per_kind` 1 gives the six drafts every checkpoint before it was picked on; a larger
+    value keeps those six first and adds new ones (each seed owns ten slots per range, so
+    `per_kind` is at most HELD_OUT_MAX_PER_KIND)."""
+    if not 1 <= per_kind <= HELD_OUT_MAX_PER_KIND:
+        raise ValueError(f"es held-out drafts per kind: {per_kind} is not within "
+                         f"1..{HELD_OUT_MAX_PER_KIND}")
+    kinds = KINDS if data is not None else ()
+    out = [Draw(50_000_000 + seed * 10 + r * len(kinds) + k, 0, 0, 7200.0, 0, trace=True,
+                kind=kind)
+           for r in range(per_kind) for k, kind in enumerate(kinds)]
+    out += [Draw(60_000_000 + seed * 10 + k, 6, 1, 5400.0, 200) for k in range(2 * per_kind)]
     return out
 
 
@@ -235,12 +247,14 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
                                                              dict[str, object]]]],
              progress: Callable[[float, str], None] | None = None,
              on_best: Callable[[dict[str, torch.Tensor], list[dict[str, object]]], None]
-             | None = None, frozen: Collection[str] = ()) -> EsOutcome:
+             | None = None, frozen: Collection[str] = (),
+             held_out_per_kind: int = 1) -> EsOutcome:
     """ES on `model`'s heads (module docstring); `pool_map` runs the pairs (in processes).
     `on_best(state, history)` is called each time the held-out score improves, with the
     state dict of the new best parameters (`skyfed train` writes it to its --out file, so a
     run that is stopped keeps what it had found). `frozen`: actions ES leaves where they
-    start (`free_mask`)."""
+    start (`free_mask`). `held_out_per_kind`: how many held-out drafts of each kind pick the
+    result (`held_out`)."""
     rng = random.Random(seed)
     noise = np.random.default_rng(seed)
     keys = tuple(es_keys(model))
@@ -249,7 +263,7 @@ def train_es(model: ActorCritic, *, weights: RewardWeights, seed: int, budget_s:
     mask = free_mask(model, keys, frozen)
     adam = _Adam(theta.size, lr)
     share = trace_share if data is not None else 0.0
-    checks = held_out(seed, data)
+    checks = held_out(seed, data, held_out_per_kind)
     t0 = time.perf_counter()
     history: list[dict[str, object]] = []
     best_theta, best_score = theta.copy(), -math.inf

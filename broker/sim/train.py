@@ -108,6 +108,8 @@ class TrainConfig:
     es_eval_every: int = 5
     # Actions ES leaves at their start (es.free_mask), e.g. ("cluster_bias_usd_per_hour",).
     es_freeze: tuple[str, ...] = ()
+    # Held-out drafts of each kind that pick ES's result (es.held_out; 1: six drafts in all).
+    es_held_out: int = 1
 
 
 def load_target(path: Path | None) -> dict[str, float]:
@@ -282,7 +284,8 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
         save_atomically(best, autosave, meta={
             "partial": True, "seed": cfg.seed, "weights": cfg.weights.__dict__,
             "algorithm": ES_ALGORITHM, "es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
-            "es_freeze": list(cfg.es_freeze), "es_held_out": history})
+            "es_freeze": list(cfg.es_freeze), "es_held_out_per_kind": cfg.es_held_out,
+            "es_held_out": history})
 
     iterations = None if cfg.episodes is None else max(1, cfg.episodes // (2 * cfg.es_pairs))
     with spawned(cfg.jobs) as pool:
@@ -296,7 +299,7 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
                        decision_interval_s=cfg.decision_interval_s, scenarios=cfg.scenarios,
                        data=cfg.data, trace_share=cfg.trace_share, extra_share=cfg.extra_share,
                        pool_map=pool_map, progress=progress, on_best=save_best,
-                       frozen=cfg.es_freeze)
+                       frozen=cfg.es_freeze, held_out_per_kind=cfg.es_held_out)
     model.load_state_dict(out.state)
     model.eval()
     scores = [float(h["held_out_score"]) for h in out.history  # type: ignore[arg-type]
@@ -522,7 +525,7 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
     }
     if cfg.algorithm == "es":
         meta.update({"es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
-                     "es_freeze": list(cfg.es_freeze),
+                     "es_freeze": list(cfg.es_freeze), "es_held_out_per_kind": cfg.es_held_out,
                      "es_iterations": res.iterations, "es_held_out": res.history})
     save_atomically(res.model, out, meta=meta)
     return {**meta, "checkpoint": str(out), "bytes": out.stat().st_size,

@@ -119,6 +119,48 @@ def test_the_held_out_drafts_hold_every_trace_kind() -> None:
     assert [d.kind for d in held_out(3, None) if d.trace] == []
 
 
+def test_more_held_out_drafts_keep_the_six_and_add_new_ones_of_each_kind() -> None:
+    """`--es-held-out 2`: twelve drafts, the six every earlier checkpoint was picked on
+    first, then a new draft of each kind and two new synthetic ones; no seed repeats, and
+    seed 3's drafts share none with seed 4's."""
+    from pathlib import Path
+
+    six = held_out(3, Path("data"))
+    twelve = held_out(3, Path("data"), per_kind=2)
+    assert len(six) == 6
+    assert len(twelve) == 12
+    assert twelve[:4] == six[:4]  # the trace drafts, then the synthetic ones
+    assert [d for d in twelve if not d.trace][:2] == six[4:]
+    assert sorted(d.kind for d in twelve if d.trace) == sorted(KINDS * 2)  # type: ignore[type-var]
+    seeds = [d.seed for d in twelve]
+    assert len(set(seeds)) == len(seeds)
+    assert not set(seeds) & {d.seed for d in held_out(4, Path("data"), per_kind=2)}
+    with pytest.raises(ValueError, match="held-out"):
+        held_out(3, Path("data"), per_kind=3)
+
+
+def test_the_trainer_picks_its_result_on_the_drafts_it_was_asked_for() -> None:
+    """train_es checks `held_out_per_kind` x the kinds: each check runs 12 drafts, not 6."""
+    torch.manual_seed(0)
+    model = ActorCritic()
+    keys = es_keys(model)
+    world = _quadratic_world(get_vector(model, keys) + 0.5)
+    sizes: list[int] = []
+
+    def counting(fn: Callable[[PairTask], tuple[dict[str, object], dict[str, object]]],
+                 tasks: list[PairTask]) -> list[tuple[dict[str, object], dict[str, object]]]:
+        if tasks and tasks[0].eps is None:
+            sizes.append(len(tasks))
+        return world(fn, tasks)
+
+    out = train_es(model, weights=W, seed=1, budget_s=1e9, iterations=4, pairs=2,
+                   sigma=0.1, lr=0.05, eval_every=2, decision_interval_s=300.0,
+                   scenarios=(), data=Path("data"), trace_share=0.0, extra_share=0.0,
+                   pool_map=counting, held_out_per_kind=2)
+    assert sizes == [12, 12, 12]  # iterations 0, 2 and the final check
+    assert out.episodes == 4 * 2 * 2 + 3 * 2 * 12
+
+
 def test_training_reports_progress_as_lines_where_stderr_is_not_a_terminal() -> None:
     """`skyfed train` under nohup or in CI: rich's bar draws nothing on a file, so progress
     comes as plain lines, the first at once, then at most one per interval, and the last."""
