@@ -453,19 +453,34 @@ class ProgressLines:
     """Training progress as plain lines, for a stream that is not a terminal: the first
     report, then at most one every `every_s` seconds, and the last (frac 1). Why: rich's bar
     draws nothing where stderr is a file or a pipe, and a 40-minute `skyfed train` run under
-    nohup or in CI then printed nothing until it ended."""
+    nohup or in CI then printed nothing until it ended. Each line after the first also says
+    how long the run has taken and, by the rate so far, how long it still needs (a run with
+    a fixed --episodes count can take well over an hour)."""
 
     def __init__(self, stream: TextIO, every_s: float = PROGRESS_LINE_EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.stream, self.every_s, self.clock = stream, every_s, clock
         self._last = -math.inf
+        self._start = clock()
 
     def __call__(self, frac: float, msg: str) -> None:
         now = self.clock()
         if frac >= 1.0 or now - self._last >= self.every_s:
             self._last = now
-            print(f"[train] {100.0 * min(max(frac, 0.0), 1.0):5.1f} % {msg}", file=self.stream,
-                  flush=True)
+            f = min(max(frac, 0.0), 1.0)
+            print(f"[train] {100.0 * f:5.1f} % {msg}{_timing(now - self._start, f)}",
+                  file=self.stream, flush=True)
+
+
+def _timing(elapsed_s: float, frac: float) -> str:
+    """', 12 min in, about 30 min left' (nothing in the first second or before any
+    progress; no estimate once done)."""
+    if elapsed_s < 1.0 or frac <= 0.0:
+        return ""
+    out = f", {elapsed_s / 60.0:.0f} min in"
+    if frac < 1.0:
+        out += f", about {elapsed_s * (1.0 - frac) / frac / 60.0:.0f} min left"
+    return out
 
 
 @contextlib.contextmanager

@@ -177,13 +177,35 @@ def test_training_reports_progress_as_lines_where_stderr_is_not_a_terminal() -> 
         lines(frac, f"iteration {int(frac * 100)} held-out 0.00")
     assert out.getvalue().splitlines() == [
         "[train]   1.0 % iteration 1 held-out 0.00",
-        "[train]  30.0 % iteration 30 held-out 0.00",
-        "[train] 100.0 % iteration 100 held-out 0.00",
+        "[train]  30.0 % iteration 30 held-out 0.00, 1 min in, about 1 min left",
+        "[train] 100.0 % iteration 100 held-out 0.00, 1 min in",
     ]
     stream = io.StringIO()  # not a terminal
     with progress_reporter(stream) as update:
         update(0.5, "episode 3 reward 0.100")
     assert stream.getvalue() == "[train]  50.0 % episode 3 reward 0.100\n"
+
+
+def test_progress_lines_say_how_long_the_run_has_taken_and_still_needs() -> None:
+    """A fixed --episodes ES run can take 90 minutes: each line after the first gives the
+    time so far and, at the rate so far, the time left."""
+    import io
+
+    from broker.sim.train import ProgressLines
+
+    now = [100.0]
+    out = io.StringIO()
+    lines = ProgressLines(out, every_s=30.0, clock=lambda: now[0])
+    for t, frac in ((100.0, 0.0), (100.0 + 600.0, 0.1), (100.0 + 1800.0, 0.25),
+                    (100.0 + 7200.0, 1.0)):
+        now[0] = t
+        lines(frac, "x")
+    assert out.getvalue().splitlines() == [
+        "[train]   0.0 % x",
+        "[train]  10.0 % x, 10 min in, about 90 min left",
+        "[train]  25.0 % x, 30 min in, about 90 min left",
+        "[train] 100.0 % x, 120 min in",
+    ]
 
 
 def test_each_new_best_is_handed_out_as_it_is_found() -> None:
