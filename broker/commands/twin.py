@@ -75,13 +75,16 @@ def sim(
         doc: dict[str, object] = {
             "scenario": scn.name, "seed": scn.seed, "policy": policy,
             "duration_prediction_mape": real.duration_prediction_mape if real else None,
-            "metrics": results[0].metrics}
+            "metrics": results[0].metrics, "cost_by_pool": report.pool_costs(results[0])}
         if whatif:
             doc["whatif"] = {"change": whatif, "metrics": results[1].metrics,
-                             "delta": _delta(results[0].metrics, results[1].metrics)}
+                             "delta": _delta(results[0].metrics, results[1].metrics),
+                             "cost_by_pool": report.pool_costs(results[1])}
         typer.echo(json.dumps(doc, indent=2))
         return
     report.print_results(console, f"{scn.name} (seed {scn.seed})", results)
+    for r in results:
+        console.print(report.pool_table(f"where the money went: {r.policy}", r))
     if whatif:
         console.print("delta (whatif - baseline):",
                       _delta(results[0].metrics, results[1].metrics))

@@ -109,6 +109,10 @@ class Metrics:
         # versions and price factors they were computed at (`_rates`).
         self._terms: np.ndarray | None = None
         self._seen: tuple[list[int], list[float]] | None = None
+        # The same terms integrated per pool up to `_pool_t` (each row x seconds), and the
+        # end of the last interval integrated (`pool_costs`: where the money went).
+        self._pool_acc: np.ndarray | None = None
+        self._pool_t = self._t = 0.0
         self.cost_rate = self.cpu_used = self.cpu_prov = self.gpu_used = self.gpu_prov = 0.0
         self.cost_usd = self.cpu_used_s = self.cpu_prov_s = self.gpu_used_s = 0.0
         self.gpu_prov_s = self.egress_usd = 0.0
@@ -175,9 +179,20 @@ class Metrics:
             self._all_pools = [p for c in self.engine.clusters.values() for p in c.pools]
         return self._all_pools
 
+    def _refresh(self, t: float) -> None:
+        """Integrate each pool's terms up to `t` at the rates they had, then recompute the
+        rates (only when a pool changed: between changes the rows are constant)."""
+        if self._terms is not None and self._pool_acc is not None:
+            self._pool_acc += self._terms[1:] * (t - self._pool_t)
+        self._rates()
+        if self._pool_acc is None and self._terms is not None:
+            self._pool_acc = np.zeros_like(self._terms[1:])
+        self._pool_t = t
+
     def integrate(self, t0: float, t1: float) -> None:
         if self._dirty:
-            self._rates()
+            self._refresh(t0)
+        self._t = t1
         dt = t1 - t0
         self.cost_usd += self.cost_rate * dt
         self.cpu_used_s += self.cpu_used * dt
@@ -277,7 +292,7 @@ class Metrics:
 
     def sample(self, now: float) -> None:
         if self._dirty:
-            self._rates()
+            self._refresh(now)
         dt = self.engine.config.sample_s
         for c in self.engine.clusters.values():
             for p in c.pools:
@@ -312,6 +327,28 @@ class Metrics:
             return None
         mean = sum(f * w for f, w in fracs) / total
         return math.sqrt(sum(w * (f - mean) ** 2 for f, w in fracs) / total)
+
+    def pool_costs(self) -> list[dict[str, object]]:
+        """Where the money went: per pool, what its nodes cost over the run (`usd`; the
+        pool's share of `cost_usd` without the egress of data moves), its node-hours, and
+        the CPU and GPU utilisation of what it paid for (None for a pool without GPUs); the
+        most expensive first, pools that cost nothing left out. The rows sum to `cost_usd`
+        less egress (the same terms as the rates, integrated pool by pool)."""
+        if self._terms is None or self._pool_acc is None:
+            return []
+        acc = self._pool_acc + self._terms[1:] * (self._t - self._pool_t)
+        rows: list[tuple[float, str, str, dict[str, object]]] = []
+        for sim, row in zip(self._pools(), acc.tolist(), strict=True):
+            usd_s, cpu_p, cpu_u, gpu_p, gpu_u = row
+            if usd_s <= 0:
+                continue
+            rows.append((usd_s, sim.cluster, sim.name, {
+                "cluster": sim.cluster, "pool": sim.name, "usd": round(usd_s / 3600.0, 4),
+                "node_h": round(cpu_p / sim.node.cpu / 3600.0, 3) if sim.node.cpu else None,
+                "utilization_cpu": round(cpu_u / cpu_p, 4) if cpu_p > 0 else None,
+                "utilization_gpu": round(gpu_u / gpu_p, 4) if gpu_p > 0 else None}))
+        rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+        return [r[3] for r in rows]
 
     # ---------------------------------------------------------------- result
     def censored(self) -> tuple[list[float], list[float]]:

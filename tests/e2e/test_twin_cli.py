@@ -65,6 +65,19 @@ def test_sim_whatif_and_errors(tmp_path: Path) -> None:
     assert doc["whatif"]["change"] == "cluster=aws-use1:down@300"
     assert doc["duration_prediction_mape"] > 0.0  # ten batch jobs, predicted and run
     assert doc["metrics"] != doc["whatif"]["metrics"]
+    # Where the money went, per variant: the rows sum to the cost without the data moves'
+    # egress (ten 2 GB copies from GCP at most 0.09 USD/GB), most expensive first, and once
+    # aws-use1 is down its pool stops costing.
+    for variant in (doc, doc["whatif"]):
+        rows, cost = variant["cost_by_pool"], variant["metrics"]["cost_usd"]
+        assert -0.01 <= cost - sum(r["usd"] for r in rows) <= 10 * 2 * 2.0 * 0.09 + 0.01
+        assert [r["usd"] for r in rows] == sorted((r["usd"] for r in rows), reverse=True)
+    usd = {v: {r["cluster"]: r["usd"] for r in d["cost_by_pool"]}
+           for v, d in (("base", doc), ("down", doc["whatif"]))}
+    assert usd["down"].get("aws-use1", 0.0) < usd["base"]["aws-use1"]
+    out = skyfed("sim", str(scn), "--policy", "lp", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "where the money went: lp" in out.stdout
     bad = tmp_path / "tiny" / "scenario.toml"
     bad.write_text(bad.read_text() + "\nbogus = 1\n")
     out = skyfed("sim", str(bad), "--no-progress")

@@ -309,3 +309,23 @@ def test_work_queued_by_an_event_an_epoch_scheduled_wakes_the_loop_at_the_next_e
     eng.run()
     assert eng.metrics.faults_applied == 1
     assert asked == [0.0, 120.0]
+
+
+def test_the_cost_is_split_by_pool_at_the_prices_each_paid() -> None:
+    """`skyfed sim`'s "where the money went": one 4-vCPU node at $1/h for the first half
+    hour and $2/h (a price change) for the second, half used, is 1.5 USD, 1 node-hour at 0.5
+    CPU utilisation; a pool that never held a node costs nothing and is left out; the rows
+    sum to cost_usd."""
+    d = doc(faults=[{"at_s": 1800.0, "target": "c1", "kind": "price_change", "factor": 2.0}])
+    d["clusters"].append({"name": "c2", "provider": "aws", "region": "r1", "zones": ["r1a"],
+                          "pools": [{"instance_type": "cpu4", "nodes": 0, "max_nodes": 1}]})
+    m, eng = run(scenario(d, "a,0,batch,1,2,1,0,7200,,,0,,0\n"))
+    rows = eng.metrics.pool_costs()
+    assert [(r["cluster"], r["pool"]) for r in rows] == [("c1", "cpu4")]
+    assert rows[0]["usd"] == pytest.approx(1.5, abs=0.01)
+    assert rows[0]["node_h"] == pytest.approx(1.0, abs=1e-6)
+    assert rows[0]["utilization_cpu"] == pytest.approx(0.5, abs=1e-3)
+    assert rows[0]["utilization_gpu"] is None
+    assert m["cost_usd"] == pytest.approx(1.5, abs=0.01)
+    assert sum(float(str(r["usd"])) for r in rows) == pytest.approx(
+        float(str(m["cost_usd"])) - eng.metrics.egress_usd, abs=0.01)
