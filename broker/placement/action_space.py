@@ -226,6 +226,8 @@ def fixed_weights() -> dict[str, float]:
     timer the planner lets an action set (`decision.policy_idle_min_s`, bounded_action), and
     whether node charges count the pools' measured boots (`decision.observed_boot`, 1 = yes),
     and whether the prewarm forecast nets out released capacity (`decision.net_forecast`),
+    and whether new nodes' charges count the forecast arrivals that would fill them
+    (`decision.fill_forecast`),
     and whether the observation's forecast features do (`observation.net_forecast`).
     """
     cfg = DecisionConfig()
@@ -236,6 +238,7 @@ def fixed_weights() -> dict[str, float]:
     out["decision.policy_idle_min_s"] = float(cfg.policy_idle_min_s)
     out["decision.observed_boot"] = float(cfg.observed_boot)
     out["decision.net_forecast"] = float(cfg.net_forecast)
+    out["decision.fill_forecast"] = float(cfg.fill_forecast)
     out["observation.net_forecast"] = float(OBSERVE_NET_FORECAST)
     return out
 

@@ -436,7 +436,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                      site_cost_fraction: float = 1.0, packing: bool = False,
                      paid_cost_fraction: float = PAID_NODE_COST_FRACTION,
                      node_boot_s: float = NODE_BOOT_S, node_idle_s: float = 0.0,
-                     observed_boot: bool = False,
+                     observed_boot: bool = False, fill_forecast: bool = False,
                      queued: Sequence[Workload] = (), columns: bool = True,
                      memo: PlanMemo | None = None) -> CandidateSet:
     """Feasibility, cost and the k best options of every pending workload.
@@ -448,6 +448,8 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
     `PolicyAction.for_pool`), part of the packing model's node charge. `observed_boot`:
     once some pool's boot was measured (`Pool.boot_s`), each pool's node charge counts its
     `boot_estimates` instead of `node_boot_s` (decisions.DecisionConfig.observed_boot).
+    `fill_forecast`: each new node's charge less the share the forecast arrivals would pay
+    (`fill_shares`; decisions.DecisionConfig.fill_forecast).
     `queued`: pending workloads not in this batch, for feasibility.py's reservation rule.
     `columns=False`: feasibility and cost only, for a caller that reads no LP columns
     (migrate.py): `cand` and `infeasible_counts` are empty per workload and `gpu_sets` has
@@ -494,6 +496,9 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                             dtype=np.float64)
         node_usd = node_charges(options, feasible, wls, service_horizon_h, boot + idle_s,
                                 table=table)
+        if fill_forecast:
+            node_usd *= 1.0 - fill_shares(snapshot, options, table, node_usd,
+                                          _least_units(demand, feasible, table))
     cost = compute + egress  # then in place, left to right as `compute + egress + ...` adds
     cost += latency
     if _biased(action):  # else `bias` is all zeros (_costs)
@@ -583,6 +588,82 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
     idle_h = np.maximum(0.0, np.asarray(node_boot_s, dtype=np.float64)) / 3600.0
     out: FloatArray = np.where(fixed, 0.0, price * (idle_h + span_h))
     return out
+
+
+def _least_units(demand: FloatArray, feasible: BoolArray, table: OptionTable) -> FloatArray:
+    """Per option, the fewest units (GPUs on a GPU pool, else vCPU) one replica of the batch
+    that may run there takes: what a node opened for the batch holds at least (0 where no
+    workload may run; on a GPU pool only workloads that ask GPUs count, as only they open
+    one for its GPUs). The first feasible workload in order of rising units, as
+    node_charges finds the longest."""
+    n_o = feasible.shape[1] if feasible.ndim == 2 else 0
+    out: FloatArray = np.zeros(n_o)
+    if not n_o or not len(demand):
+        return out
+    is_gpu = table.node[:, 2] > 0
+    for gpu_side, col in ((True, 2), (False, 0)):
+        cols = np.flatnonzero(is_gpu == gpu_side)
+        rows = np.flatnonzero(demand[:, 2] > 0) if gpu_side else np.arange(len(demand))
+        if not len(cols) or not len(rows):
+            continue
+        order = rows[np.argsort(demand[rows, col], kind="stable")]
+        ranked = feasible[np.ix_(order, cols)]
+        first = ranked.argmax(axis=0)
+        any_ok = ranked[first, np.arange(len(cols))]
+        out[cols[any_ok]] = demand[order[first[any_ok]], col]
+    return out
+
+
+def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: OptionTable,
+                node_usd: FloatArray, least: FloatArray | None = None) -> FloatArray:
+    """Per option, the share of a new node's charge (`node_charges`) that work arriving after
+    this epoch would pay: the look-ahead of the packing model's fixed charge.
+
+    Why: the charge is the node's price over its charged life L (boot, idle timer, the work
+    it is opened for), all billed to the batch that opens it. An epoch's batch is small, so
+    that charge favoured the node with the lowest price, not the lowest price per unit of
+    work: a draft (seed 9,200,031, lp) opened six 1-GPU g5.16xlarge nodes one job at a time
+    at 4.80 USD per GPU-hour beside the 4-GPU g5.12xlarge at 1.83, because each job alone
+    paid less on the small node. Later jobs fill the room a bigger node leaves.
+
+    Model, per option o of capacity N units (GPUs on a GPU pool, else vCPU): the cluster's
+    forecast arrival rate of that unit over its pools of that kind, λ (the EWMA of placed
+    demand, `FederationSnapshot.demand_of`, the prewarm forecast's input); the free room of
+    those pools now, F; d, the fewest units one replica of the batch that may run on o takes
+    (`least`; the node holds at least that much of the batch). Arrivals over L, λL units,
+    spread over the room there is, so o receives N / (F + N) of them, at most the N - d the
+    batch leaves. Arriving uniformly over L and staying to its end, they occupy on average
+    half the node-time they arrive into, so they pay
+
+        share_o = 1/2 x min(λ L / (F + N), 1 - d / N)
+
+    of o's charge. No arrivals, room enough elsewhere, or a node one replica fills gives 0
+    (the charge as before); the share is below 1/2, so a node is never free. Fixed-priced
+    options have no charge.
+    """
+    n_o = len(options)
+    out: FloatArray = np.zeros(n_o)
+    if not n_o:
+        return out
+    is_gpu = table.node[:, 2] > 0
+    unit = np.where(is_gpu, table.node[:, 2], table.node[:, 0])
+    free = np.where(is_gpu, table.free[:, 2], table.free[:, 0]).clip(min=0.0)
+    rates = np.array([snapshot.demand_of(o.cluster.name, o.pool.name) for o in options],
+                     dtype=np.float64).reshape(-1, 2)
+    rate = np.where(is_gpu, rates[:, 1], rates[:, 0]).clip(min=0.0)
+    rate[~np.isfinite(rate)] = 0.0
+    # One group per (cluster, kind): the arrivals and the room that compete for them.
+    group = table.col.astype(np.int64) * 2 + is_gpu
+    size = int(group.max()) + 1
+    lam = np.bincount(group, weights=rate, minlength=size)[group]
+    room = np.bincount(group, weights=free, minlength=size)[group]
+    life_s = np.divide(node_usd * 3600.0, table.price, out=np.zeros(n_o),
+                       where=table.price > 0)
+    ok = (unit > 0) & (node_usd > 0) & (lam > 0)
+    np.divide(lam * life_s, room + unit, out=out, where=ok)
+    left = np.ones(n_o) if least is None else \
+        1.0 - np.divide(least, unit, out=np.ones(n_o), where=unit > 0)
+    return 0.5 * np.clip(np.minimum(out, left), 0.0, 1.0)
 
 
 def replica_shapes(demand: FloatArray) -> tuple[FloatArray, IntArray]:

@@ -106,6 +106,12 @@ class DecisionConfig:
     # workloads gave capacity back (FederationSnapshot.freed), not arrivals alone. False:
     # arrivals alone, the rule before 2026-12-06 (docs/placement.md, "node prewarm").
     net_forecast: bool = True
+    # The look-ahead of the packing model's node charge: a new node is charged less the share
+    # of it that the forecast arrivals of its cluster would pay (candidates.fill_shares), so
+    # a batch of one job no longer opens the smallest node where a bigger one costs less
+    # per unit of work. False: the whole charge to the batch, the model before 2026-12-07
+    # (docs/placement.md, "The node charge's look-ahead").
+    fill_forecast: bool = True
     # Backoff: first wait, cap (kube-scheduler's 5 min), and the least wait after capacity grew.
     retry_base_s: float = 10.0
     retry_max_s: float = 300.0

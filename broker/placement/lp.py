@@ -13,8 +13,9 @@ h_r headroom (the policy's ratio for cpu and memory; 1 for GPUs, which are
 whole devices and never overcommitted); F_{o,r} free capacity (clipped at 0);
 N_{o,r} allocatable per node; f_o the fixed charge of opening one node of o (the
 packing model, candidates.node_charges: price x (boot + idle timer + max(billing minimum,
-min(horizon, longest work on o)))), or ε = NEW_NODE_EPSILON_USD (the per-replica model, a
-tie-breaker);
+min(horizon, longest work on o)))), less the share the forecast arrivals would pay
+(candidates.fill_shares: 1/2 x min(λL / (F + N), 1 - d/N), below 1/2), or ε =
+NEW_NODE_EPSILON_USD (the per-replica model, a tie-breaker);
 A_o nodes the pool may add; Q_{c,r} quota headroom (vCPU, GPU) of cluster c;
 p_{w,o} USD/h per replica; B_t tenant budget; B_w workload budget.
 

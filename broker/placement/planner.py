@@ -332,7 +332,8 @@ def candidates(snapshot: FederationSnapshot, action: PolicyAction,
                             paid_cost_fraction=config.paid_cost_fraction,
                             node_boot_s=config.node_boot_s,
                             node_idle_s=config.decisions.forecast_idle_s,
-                            observed_boot=config.decisions.observed_boot, queued=queued,
+                            observed_boot=config.decisions.observed_boot,
+                            fill_forecast=config.decisions.fill_forecast, queued=queued,
                             memo=memo)
 
 

@@ -21,7 +21,7 @@ from broker.placement.candidates import BILLING_MIN_S, NODE_BOOT_S, build_candid
 from broker.placement.ledger import Ledger, penalties
 from broker.placement.planner import PlannerConfig, plan_epoch
 
-from .placement_world import pool, snapshot, workload
+from .placement_world import GPU_NODE, pool, snapshot, workload
 
 PACKING = PlannerConfig(time_limit_s=2.0)
 PER_REPLICA = dataclasses.replace(PACKING, packing=False)
@@ -325,3 +325,68 @@ def test_merge_moves_try_a_cluster_the_workload_does_not_run_in_yet() -> None:
     assert rounding.merge_splits(ledger, pen, budget_s=math.inf) == 1
     assert ledger.x[0] == {where["other"]: 4}
     assert ledger.objective(pen) < before
+
+
+def _g5(*, running_8gpu: int = 0) -> tuple[Cluster, ...]:
+    """AWS il-central-1's A10G node types at the list prices of the draft that showed the
+    problem (seed 9,200,031): g5.16xlarge, 1 GPU at 4.80 USD/h, and g5.12xlarge, 4 GPUs at
+    7.31 USD/h, none running; optionally idle running 8-GPU nodes (room elsewhere)."""
+    pools = [pool("g5.16xlarge", price=4.80, nodes=0, max_nodes=8,
+                  node=Resources(cpu=64, memory_gib=256, gpu=1), gpu_model="A10G"),
+             pool("g5.12xlarge", price=7.31, nodes=0, max_nodes=8,
+                  node=Resources(cpu=48, memory_gib=192, gpu=4), gpu_model="A10G")]
+    if running_8gpu:
+        pools.append(pool("g5.48xlarge", price=16.29, nodes=running_8gpu,
+                          max_nodes=running_8gpu, node=GPU_NODE, gpu_model="A10G"))
+    return (Cluster(name="il", provider="aws", region="il-central-1", pools=tuple(pools)),)
+
+
+ONE_GPU_JOB = workload("j", kind=WorkloadKind.BATCH, cpu=8.0, mem=30.0, gpu=1,
+                       duration_s=600.0)
+# Six 1-GPU jobs an hour have been placed in the cluster (the prewarm forecast's EWMA).
+SIX_AN_HOUR = {("il", "g5.16xlarge"): (0.0, 6.0 / 3600.0)}
+
+
+def test_a_forecast_of_more_gpu_jobs_opens_the_node_that_costs_less_per_gpu() -> None:
+    """One 1-GPU job, 10 minutes. Alone it pays less on the 1-GPU node (its whole charge,
+    4.80 x 14 min, plus its run: 1.92 USD) than on the 4-GPU one (7.31 x 14 min plus a
+    quarter of the node for its run: 2.01). With six such jobs an hour forecast, 1.4 GPUs
+    arrive over the bigger node's life and pay for part of it (1.71 USD left for this job),
+    so lp opens the node that costs 1.83 USD per GPU-hour, not 4.80. The 1-GPU node gets
+    no such share: its one job fills it. DecisionConfig.fill_forecast=False restores the
+    whole charge."""
+    quiet = snapshot((ONE_GPU_JOB,), clusters=_g5())
+    busy = snapshot((ONE_GPU_JOB,), clusters=_g5(), demand=SIX_AN_HOUR)
+    assert pools_used(plan_epoch(quiet, ACTION, PACKING)) == {("il", "g5.16xlarge")}
+    assert pools_used(plan_epoch(busy, ACTION, PACKING)) == {("il", "g5.12xlarge")}
+    whole = dataclasses.replace(
+        PACKING, decisions=dataclasses.replace(PACKING.decisions, fill_forecast=False))
+    assert pools_used(plan_epoch(busy, ACTION, whole)) == {("il", "g5.16xlarge")}
+
+
+def test_the_share_arrivals_pay_is_half_of_the_room_they_would_fill() -> None:
+    """share = 1/2 x min(λL / (F + N), 1 - d/N) of each new node's charge (fill_shares):
+    λL the units forecast to arrive over the node's charged life L, F the cluster's free
+    room of that kind, N the node's units, d the fewest one replica of the batch takes."""
+    def charges(snap: FederationSnapshot, fill: bool) -> np.ndarray:
+        cs = build_candidates(snap, ACTION, k=4, service_horizon_h=1.0, packing=True,
+                              node_idle_s=120.0, fill_forecast=fill)
+        assert cs.node_usd is not None
+        return cs.node_usd
+
+    life_s = NODE_BOOT_S + 120.0 + 600.0
+    quiet = snapshot((ONE_GPU_JOB,), clusters=_g5())
+    assert charges(quiet, True) == pytest.approx(charges(quiet, False))  # nothing arrives
+    busy = snapshot((ONE_GPU_JOB,), clusters=_g5(), demand=SIX_AN_HOUR)
+    whole, less = charges(busy, False), charges(busy, True)
+    arrive = 6.0 / 3600.0 * life_s  # 1.4 GPUs
+    assert less[0] == pytest.approx(whole[0])  # its one job fills the 1-GPU node
+    assert less[1] == pytest.approx(whole[1] * (1.0 - 0.5 * arrive / 4.0))
+    # Free GPUs on running nodes take most arrivals: 16 idle GPUs leave the new node 4/20.
+    roomy = snapshot((ONE_GPU_JOB,), clusters=_g5(running_8gpu=2), demand=SIX_AN_HOUR)
+    assert charges(roomy, True)[1] == pytest.approx(
+        charges(roomy, False)[1] * (1.0 - 0.5 * arrive / (16.0 + 4.0)))
+    # A flood fills the room the job leaves, 3 of 4 GPUs, and pays at most half of that.
+    flood = snapshot((ONE_GPU_JOB,), clusters=_g5(), demand={("il", "g5.12xlarge"):
+                                                             (0.0, 1.0)})
+    assert charges(flood, True)[1] == pytest.approx(charges(flood, False)[1] * (1 - 0.375))
