@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import operator
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -498,7 +498,8 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                                 table=table)
         if fill_forecast:
             node_usd *= 1.0 - fill_shares(snapshot, options, table, node_usd,
-                                          _least_units(demand, feasible, table))
+                                          lambda cols: _least_units(demand, feasible, table,
+                                                                    cols))
     cost = compute + egress  # then in place, left to right as `compute + egress + ...` adds
     cost += latency
     if _biased(action):  # else `bias` is all zeros (_costs)
@@ -590,19 +591,20 @@ def node_charges(options: Sequence[Option], feasible: BoolArray, wls: Sequence[W
     return out
 
 
-def _least_units(demand: FloatArray, feasible: BoolArray, table: OptionTable) -> FloatArray:
-    """Per option, the fewest units (GPUs on a GPU pool, else vCPU) one replica of the batch
-    that may run there takes: what a node opened for the batch holds at least (0 where no
-    workload may run; on a GPU pool only workloads that ask GPUs count, as only they open
-    one for its GPUs). The first feasible workload in order of rising units, as
-    node_charges finds the longest."""
+def _least_units(demand: FloatArray, feasible: BoolArray, table: OptionTable,
+                 among: IntArray) -> FloatArray:
+    """For the options `among`, the fewest units (GPUs on a GPU pool, else vCPU) one replica
+    of the batch that may run there takes: what a node opened for the batch holds at least
+    (0 where no workload may run; on a GPU pool only workloads that ask GPUs count, as only
+    they open one for its GPUs). The first feasible workload in order of rising units, as
+    node_charges finds the longest. Per option (0 outside `among`)."""
     n_o = feasible.shape[1] if feasible.ndim == 2 else 0
     out: FloatArray = np.zeros(n_o)
-    if not n_o or not len(demand):
+    if not n_o or not len(demand) or not len(among):
         return out
     is_gpu = table.node[:, 2] > 0
     for gpu_side, col in ((True, 2), (False, 0)):
-        cols = np.flatnonzero(is_gpu == gpu_side)
+        cols = among[is_gpu[among] == gpu_side]
         rows = np.flatnonzero(demand[:, 2] > 0) if gpu_side else np.arange(len(demand))
         if not len(cols) or not len(rows):
             continue
@@ -615,7 +617,8 @@ def _least_units(demand: FloatArray, feasible: BoolArray, table: OptionTable) ->
 
 
 def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: OptionTable,
-                node_usd: FloatArray, least: FloatArray | None = None) -> FloatArray:
+                node_usd: FloatArray,
+                least: Callable[[IntArray], FloatArray] | None = None) -> FloatArray:
     """Per option, the share of a new node's charge (`node_charges`) that work arriving after
     this epoch would pay: the look-ahead of the packing model's fixed charge.
 
@@ -630,7 +633,8 @@ def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: 
     forecast arrival rate of that unit over its pools of that kind, λ (the EWMA of placed
     demand, `FederationSnapshot.demand_of`, the prewarm forecast's input); the free room of
     those pools now, F; d, the fewest units one replica of the batch that may run on o takes
-    (`least`; the node holds at least that much of the batch). Arrivals over L, λL units,
+    (`least(options)`, asked only for the options with arrivals; the node holds at least
+    that much of the batch). Arrivals over L, λL units,
     spread over the room there is, so o receives N / (F + N) of them, at most the N - d the
     batch leaves. Arriving uniformly over L and staying to its end, they occupy on average
     half the node-time they arrive into, so they pay
@@ -660,10 +664,13 @@ def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: 
     life_s = np.divide(node_usd * 3600.0, table.price, out=np.zeros(n_o),
                        where=table.price > 0)
     ok = (unit > 0) & (node_usd > 0) & (lam > 0)
+    if not ok.any():
+        return out
     np.divide(lam * life_s, room + unit, out=out, where=ok)
-    left = np.ones(n_o) if least is None else \
-        1.0 - np.divide(least, unit, out=np.ones(n_o), where=unit > 0)
-    return 0.5 * np.clip(np.minimum(out, left), 0.0, 1.0)
+    if least is not None:
+        held = least(np.flatnonzero(ok))
+        out = np.minimum(out, 1.0 - np.divide(held, unit, out=np.ones(n_o), where=unit > 0))
+    return 0.5 * np.clip(out, 0.0, 1.0)
 
 
 def replica_shapes(demand: FloatArray) -> tuple[FloatArray, IntArray]:
