@@ -634,10 +634,10 @@ def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: 
     demand, `FederationSnapshot.demand_of`, the prewarm forecast's input); the free room of
     those pools now, F; d, the fewest units one replica of the batch that may run on o takes
     (`least(options)`, asked only for the options with arrivals; the node holds at least
-    that much of the batch). Arrivals over L, λL units,
-    spread over the room there is, so o receives N / (F + N) of them, at most the N - d the
-    batch leaves. Arriving uniformly over L and staying to its end, they occupy on average
-    half the node-time they arrive into, so they pay
+    that much of the batch). Of the λL units that arrive over L, spread over the room there
+    is, o receives N / (F + N), at most the N - d the batch leaves. Arriving uniformly over L
+    and staying to its end, they occupy on average half the node-time they arrive into, so
+    they pay
 
         share_o = 1/2 x min(λ L / (F + N), 1 - d / N)
 
