@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import operator
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -497,9 +497,8 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
         node_usd = node_charges(options, feasible, wls, service_horizon_h, boot + idle_s,
                                 table=table)
         if fill_forecast:
-            node_usd *= 1.0 - fill_shares(snapshot, options, table, node_usd,
-                                          lambda cols: _least_units(demand, feasible, table,
-                                                                    cols))
+            node_usd *= 1.0 - fill_shares(snapshot, options, table, node_usd, demand,
+                                          feasible)
     cost = compute + egress  # then in place, left to right as `compute + egress + ...` adds
     cost += latency
     if _biased(action):  # else `bias` is all zeros (_costs)
@@ -617,8 +616,7 @@ def _least_units(demand: FloatArray, feasible: BoolArray, table: OptionTable,
 
 
 def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: OptionTable,
-                node_usd: FloatArray,
-                least: Callable[[IntArray], FloatArray] | None = None) -> FloatArray:
+                node_usd: FloatArray, demand: FloatArray, feasible: BoolArray) -> FloatArray:
     """Per option, the share of a new node's charge (`node_charges`) that work arriving after
     this epoch would pay: the look-ahead of the packing model's fixed charge.
 
@@ -633,11 +631,11 @@ def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: 
     forecast arrival rate of that unit over its pools of that kind, λ (the EWMA of placed
     demand, `FederationSnapshot.demand_of`, the prewarm forecast's input); the free room of
     those pools now, F; d, the fewest units one replica of the batch that may run on o takes
-    (`least(options)`, asked only for the options with arrivals; the node holds at least
-    that much of the batch). Of the λL units that arrive over L, spread over the room there
-    is, o receives N / (F + N), at most the N - d the batch leaves. Arriving uniformly over L
-    and staying to its end, they occupy on average half the node-time they arrive into, so
-    they pay
+    (`_least_units` of the batch's per-replica `demand` and `feasible`, for the options with
+    arrivals only; the node holds at least that much of the batch). Of the λL units that
+    arrive over L, spread over the room there is, o receives N / (F + N), at most the N - d
+    the batch leaves. Arriving uniformly over L and staying to its end, they occupy on
+    average half the node-time they arrive into, so they pay
 
         share_o = 1/2 x min(λ L / (F + N), 1 - d / N)
 
@@ -667,9 +665,8 @@ def fill_shares(snapshot: FederationSnapshot, options: Sequence[Option], table: 
     if not ok.any():
         return out
     np.divide(lam * life_s, room + unit, out=out, where=ok)
-    if least is not None:
-        held = least(np.flatnonzero(ok))
-        out = np.minimum(out, 1.0 - np.divide(held, unit, out=np.ones(n_o), where=unit > 0))
+    held = _least_units(demand, feasible, table, np.flatnonzero(ok))
+    out = np.minimum(out, 1.0 - np.divide(held, unit, out=np.ones(n_o), where=unit > 0))
     return 0.5 * np.clip(out, 0.0, 1.0)
 
 

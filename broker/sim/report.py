@@ -35,6 +35,10 @@ def table(title: str, results: Sequence[RunResult]) -> Table:
     return t
 
 
+# Metrics.pool_costs' keys, in the table's order.
+POOL_COLUMNS = ("cluster", "pool", "usd", "node_h", "utilization_cpu", "utilization_gpu")
+
+
 def pool_costs(result: RunResult) -> list[dict[str, object]]:
     """The run's cost per pool, most expensive first (Metrics.pool_costs)."""
     return result.engine.metrics.pool_costs() if result.engine is not None else []
@@ -44,11 +48,10 @@ def pool_table(title: str, result: RunResult, top: int = 10) -> Table:
     """The `top` most expensive pools of a run, and the rest as one row."""
     rows = pool_costs(result)
     t = Table(title=title)
-    for name in ("cluster", "pool", "usd", "node_h", "utilization_cpu", "utilization_gpu"):
+    for name in POOL_COLUMNS:
         t.add_column(name, justify="left" if name in ("cluster", "pool") else "right")
     for r in rows[:top]:
-        t.add_row(*(_cell(r[k]) for k in ("cluster", "pool", "usd", "node_h",
-                                           "utilization_cpu", "utilization_gpu")))
+        t.add_row(*(_cell(r[k]) for k in POOL_COLUMNS))
     rest = rows[top:]
     if rest:
         usd = sum(v for r in rest if isinstance(v := r["usd"], int | float))

@@ -266,6 +266,12 @@ def train_model(catalog: Catalog, cfg: TrainConfig, *, budget_s: float,
                         time.perf_counter() - t0)
 
 
+def _es_settings(cfg: TrainConfig) -> dict[str, object]:
+    """The ES settings a checkpoint's metadata records (a partial file's and the final's)."""
+    return {"es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
+            "es_freeze": list(cfg.es_freeze), "es_held_out_per_kind": cfg.es_held_out}
+
+
 def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
               progress: Callable[[float, str], None] | None,
               autosave: Path | None = None) -> TrainOutcome:
@@ -283,9 +289,7 @@ def _train_es(model: ActorCritic, cfg: TrainConfig, *, budget_s: float,
         best.load_state_dict(state)
         save_atomically(best, autosave, meta={
             "partial": True, "seed": cfg.seed, "weights": cfg.weights.__dict__,
-            "algorithm": ES_ALGORITHM, "es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
-            "es_freeze": list(cfg.es_freeze), "es_held_out_per_kind": cfg.es_held_out,
-            "es_held_out": history})
+            "algorithm": ES_ALGORITHM, **_es_settings(cfg), "es_held_out": history})
 
     iterations = None if cfg.episodes is None else max(1, cfg.episodes // (2 * cfg.es_pairs))
     with spawned(cfg.jobs) as pool:
@@ -539,9 +543,8 @@ def train_policy(cfg: TrainConfig, out: Path) -> dict[str, object]:
         "trace_share": cfg.trace_share if cfg.data is not None else 0.0,
     }
     if cfg.algorithm == "es":
-        meta.update({"es_pairs": cfg.es_pairs, "es_sigma": cfg.es_sigma,
-                     "es_freeze": list(cfg.es_freeze), "es_held_out_per_kind": cfg.es_held_out,
-                     "es_iterations": res.iterations, "es_held_out": res.history})
+        meta.update({**_es_settings(cfg), "es_iterations": res.iterations,
+                     "es_held_out": res.history})
     save_atomically(res.model, out, meta=meta)
     return {**meta, "checkpoint": str(out), "bytes": out.stat().st_size,
             "mean_step_reward_first_quarter": round(res.mean_reward_first, 4),
