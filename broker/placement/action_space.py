@@ -227,7 +227,8 @@ def fixed_weights() -> dict[str, float]:
     whether node charges count the pools' measured boots (`decision.observed_boot`, 1 = yes),
     and whether the prewarm forecast nets out released capacity (`decision.net_forecast`),
     and whether new nodes' charges count the forecast arrivals that would fill them
-    (`decision.fill_forecast`),
+    (`decision.fill_forecast`), and whether a "better" move counts the nodes it frees
+    (`decision.migrate_freed_nodes`),
     and whether the observation's forecast features do (`observation.net_forecast`).
     """
     cfg = DecisionConfig()
@@ -239,6 +240,7 @@ def fixed_weights() -> dict[str, float]:
     out["decision.observed_boot"] = float(cfg.observed_boot)
     out["decision.net_forecast"] = float(cfg.net_forecast)
     out["decision.fill_forecast"] = float(cfg.fill_forecast)
+    out["decision.migrate_freed_nodes"] = float(cfg.migrate_freed_nodes)
     out["observation.net_forecast"] = float(OBSERVE_NET_FORECAST)
     return out
 

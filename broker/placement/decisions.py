@@ -126,6 +126,11 @@ class DecisionConfig:
     migration_min_saving_fraction: float = 0.2
     migration_payback_h: float = 1.0
     migration_overlap_h: float = 0.1
+    # A "better" move's saving counts the price of the cloud nodes that run the service's
+    # replicas alone (they are given back once it leaves), less those replicas' shares
+    # (migrate._freed_nodes). False: the replicas' shares alone, the rule before 2026-12-07,
+    # which left one replica alone on an on-demand node for hours.
+    migrate_freed_nodes: bool = True
     # A "better" move must also save at least this much per hour (a restart is not worth
     # cents), and at most this fraction of the running workloads (at least one) moves for
     # "better" per epoch: a disruption budget, as Karpenter's default `budgets: nodes: 10%`.

@@ -19,9 +19,12 @@ in this order of precedence:
 
        m(o) = migration_overlap_h * price(o) * r + egress of its data to o
 
-   and the saving s = (c(S) - c(o)) * r per hour, it moves only when
+   the price `freed` of the cloud nodes that run its replicas and nothing else, less their
+   replicas' compute shares (`_freed_nodes`: those nodes go once it leaves; its replicas'
+   shares counted only part of them; DecisionConfig.migrate_freed_nodes), and the saving
+   s = (c(S) - c(o)) * r + freed per hour, it moves only when
 
-       s >= migration_min_saving_fraction * c(S) * r   (hysteresis: no flapping)
+       s >= migration_min_saving_fraction * (c(S) * r + freed)   (hysteresis: no flapping)
        s >= migration_min_saving_usd_per_hour           (a restart is not worth cents)
        s * migration_payback_h >= m(o)                  (the move pays for itself)
 
@@ -200,6 +203,35 @@ def _sources(asks: list[_Ask], cs: CandidateSet, running: FloatArray
     return src_idx, now_cost
 
 
+def _freed_nodes(asks: list[_Ask], cs: CandidateSet) -> FloatArray:
+    """Per ask, the USD/h its move frees beyond its replicas' shares (rule 4's `freed`): for
+    a "better" service, each ready cloud node that runs its replicas and nothing else
+    (`NodeState.workloads` is its id alone) is given back once they leave, so the move saves
+    the node's price, where its replicas' running cost counts only their dominant share of
+    it. The credit is price - compute x k per such node, k = the replicas there (its
+    allocated CPU, else memory, over one replica's), at least 0. 0 for other reasons, for
+    fixed-priced pools and for nodes that do not report their workloads."""
+    out: FloatArray = np.zeros(len(asks))
+    index = {(o.cluster.name, o.pool.name): o.index for o in cs.options}
+    for i, ask in enumerate(asks):
+        if ask.reason != "better":
+            continue
+        wid = ask.workload.id
+        cpu, mem = float(cs.demand[i, 0]), float(cs.demand[i, 1])
+        for j in {index[(a.cluster, a.pool)] for a in ask.placement.assignments
+                  if (a.cluster, a.pool) in index}:
+            if cs.table.fixed[j] or cs.table.price[j] <= 0:
+                continue
+            for n in cs.options[j].pool.node_states:
+                if n.workloads != (wid,) or n.booting or n.leaving is not NodeLeaving.NO:
+                    continue
+                k = n.cpu_allocated / cpu if cpu > 0 else \
+                    n.memory_allocated_gib / mem if mem > 0 else 1.0
+                out[i] += max(0.0, float(cs.table.price[j])
+                              - float(cs.compute[i, j]) * max(1.0, round(k)))
+    return out
+
+
 def _worth_first(reasons: list[str], now_cost: FloatArray, new_cost: FloatArray,
                  one_off: FloatArray, has_src: BoolArray, cfg: DecisionConfig) -> BoolArray:
     """`_worth` of every ask at once (the same arithmetic, element by element)."""
@@ -244,6 +276,8 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     one_off = (move + cs.egress) * reps[:, None]
     ok = feasible.copy()
     sources, now_costs = _sources(asks, cs, running)
+    freed = _freed_nodes(asks, cs) if cfg.migrate_freed_nodes else np.zeros(len(asks))
+    now_costs = now_costs + freed
     ii = np.repeat(np.arange(len(asks)), [len(s) for s in sources])
     ok[ii, np.array([j for s in sources for j in s], dtype=np.int64)] = False
     names: npt.NDArray[np.str_] | None = None
@@ -295,14 +329,25 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
                 break
             j = order[pos]
     budget = max(1, int(cfg.migration_budget_fraction * len(snapshot.running)))
+    # A move that frees nodes counts on no other move landing in its pools this epoch (room
+    # is per pool, so the replicas could land on the node it empties), nor on moving into
+    # a pool another move empties (two such moves could swap nodes and free none).
+    emptied: set[int] = set()
+    targets: set[int] = set()
     for neg_saving, i, j, one_off_j in sorted(better):
         if budget <= 0:
             break
+        frees = bool(freed[i] > 0)
+        if j in emptied or (frees and targets.intersection(sources[i])):
+            continue
         m = _move(cs, room, asks[i], i, j, float(running[i, j]) * int(cs.replicas[i])
                   - neg_saving, one_off_j)
         if m is not None:
             out.append(m)
             budget -= 1
+            targets.add(j)
+            if frees:
+                emptied.update(sources[i])
     return tuple(out)
 
 

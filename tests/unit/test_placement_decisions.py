@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from broker.domain import (
     Assignment,
     Cluster,
@@ -250,6 +252,50 @@ def test_better_needs_a_clear_saving_hysteresis_and_never_moves_back() -> None:
     assert plan_epoch(snap(0.2), PolicyAction(), CFG, policy="greedy").migrations == ()
     off = replace(CFG, decisions=DecisionConfig(migrate=False))
     assert plan_epoch(snap(0.2), PolicyAction(), off).migrations == ()
+
+
+def test_a_better_move_counts_the_node_it_frees_when_the_service_runs_there_alone() -> None:
+    """Draft 9,200,032 (lp): one replica of a service kept an 8-vCPU on-demand node for two
+    hours at 17 % use, because its share of the node (1/8 of the price) was all a move
+    would save. Moving it gives the whole node back."""
+    w = workload("web", cpu=1.0, mem=2.0)
+
+    def snap(*others: str) -> FederationSnapshot:
+        alone = replace(pool("m5", price=0.8, nodes=1, max_nodes=4, used=Resources(1, 2)),
+                        node_states=(NodeState("a-0", cpu_allocated=1.0,
+                                               memory_allocated_gib=2.0,
+                                               workloads=("web", *others)),))
+        shared = pool("m5", price=0.8, nodes=2, max_nodes=4, used=Resources(4, 8))
+        return _snap((_cluster("a", alone), _cluster("b", shared)),
+                     running=((_running(w, "a", "m5", 0.1), w),))
+
+    # The same price per replica on both sides: a saving of shares alone never moves it.
+    off = replace(CFG, decisions=DecisionConfig(migrate_freed_nodes=False))
+    assert plan_epoch(snap(), PolicyAction(), off).migrations == ()
+    [m] = plan_epoch(snap(), PolicyAction(), CFG).migrations
+    assert (m.reason, m.target.assignments[0].cluster) == ("better", "b")
+    assert m.target.assignments[0].new_nodes == 0  # into room already paid
+    assert m.saving_usd_per_hour == pytest.approx(0.8 - 0.1)  # the node less its share
+    # A node that runs other work too stays up after the move: nothing is freed.
+    assert plan_epoch(snap("db"), PolicyAction(), CFG).migrations == ()
+
+
+def test_two_services_alone_on_their_nodes_do_not_swap_them() -> None:
+    """Each could free its node by moving into the other's pool; both moves together would
+    swap the nodes and free none, so one moves and the other stays (the room it would use
+    is on the pool being emptied)."""
+    a, b = workload("a-web"), workload("b-web")
+
+    def alone(wid: str, node: str) -> Pool:
+        return replace(pool("m5", price=0.8, nodes=2, max_nodes=4, used=Resources(1, 2)),
+                       node_states=(NodeState(node, cpu_allocated=1.0,
+                                              memory_allocated_gib=2.0, workloads=(wid,)),))
+
+    snap = _snap((_cluster("a", alone("a-web", "a-0")), _cluster("b", alone("b-web", "b-0"))),
+                 running=((_running(a, "a", "m5", 0.1), a), (_running(b, "b", "m5", 0.1), b)))
+    cfg = replace(CFG, decisions=DecisionConfig(migration_budget_fraction=1.0))
+    [m] = plan_epoch(snap, PolicyAction(), cfg).migrations
+    assert m.reason == "better"
 
 
 def test_a_failed_over_service_moves_back_home_once_it_is_healthy() -> None:
