@@ -36,14 +36,15 @@ The target is one (cluster, pool) option, not among S, feasible for every hard c
 of a service without `slo_utilization` counts the wait of one replica at the load its spec's
 replicas ask for, spread over the r running ones: feasibility.running_slo_utilization) with
 room for all r replicas in its free capacity under the policy's headroom after this epoch's
-placements and earlier moves (or nodes the pool can still add: `Assignment.new_nodes`; never
-for "better": a node bought to save part of a node's price is not a saving); the cheapest
-such option by c(o) + m(o). Workloads with a spread constraint or a weighted split (one
-target option would undo their per-cluster shares), in the pending batch, partly placed
-(their placement holds fewer replicas than their spec asks: the rest is pending, as the
-twin's `movable` requires none pending), or without a spec are left alone. Vectorised per
-rule: one candidate build for all workloads any rule selected, no per-(workload, option)
-loops.
+placements and earlier moves (or nodes the pool can still add: `Assignment.new_nodes`; for
+"better" only when the move frees nodes, `_replacing`: then the new nodes count at their whole
+price and boot, as Karpenter replaces a node by a cheaper one; a node bought to save part of
+a node's price is not a saving); the cheapest such option by c(o) + m(o). Workloads with a
+spread constraint or a weighted split (one target option would undo their per-cluster
+shares), in the pending batch, partly placed (their placement holds fewer replicas than
+their spec asks: the rest is pending, as the twin's `movable` requires none pending), or
+without a spec are left alone. Vectorised per rule: one candidate build for all workloads
+any rule selected, no per-(workload, option) loops.
 """
 
 from __future__ import annotations
@@ -64,7 +65,13 @@ from broker.domain import (
     Workload,
     WorkloadKind,
 )
-from broker.placement.candidates import BoolArray, CandidateSet, FloatArray, build_candidates
+from broker.placement.candidates import (
+    NODE_BOOT_S,
+    BoolArray,
+    CandidateSet,
+    FloatArray,
+    build_candidates,
+)
 from broker.placement.decisions import DecisionConfig
 from broker.placement.feasibility import latency_mask, running_slo_utilization
 from broker.placement.kinds import Migration
@@ -303,6 +310,11 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
         ask = asks[i]
         r = int(reps[i])
         src_idx, now_cost = sources[i], float(now_costs[i])
+        if ask.reason == "better" and freed[i] > 0:
+            best = _replacing(cs, room, i, r, now_cost, running, score, one_off, src_idx, cfg)
+            if best is not None:
+                better.append(best)
+            continue
         # Options cheapest first (stable). The first is `first[i]` (argmin keeps the first of
         # equals, as a stable sort does), so the sort is made only when the loop goes on.
         order: list[int] | None = None
@@ -340,8 +352,8 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
         frees = bool(freed[i] > 0)
         if j in emptied or (frees and targets.intersection(sources[i])):
             continue
-        m = _move(cs, room, asks[i], i, j, float(running[i, j]) * int(cs.replicas[i])
-                  - neg_saving, one_off_j)
+        m = _move(cs, room, asks[i], i, j, float(now_costs[i]), one_off_j,
+                  saving=-neg_saving)
         if m is not None:
             out.append(m)
             budget -= 1
@@ -351,9 +363,44 @@ def migrations(snapshot: FederationSnapshot, action: PolicyAction, cfg: Decision
     return tuple(out)
 
 
+def _replacing(cs: CandidateSet, room: _Room, i: int, r: int, now_cost: float,
+               running: FloatArray, score: FloatArray, one_off: FloatArray,
+               src_idx: list[int], cfg: DecisionConfig
+               ) -> tuple[float, int, int, float] | None:
+    """The best "better" move of ask i, whose move frees nodes (`_freed_nodes`), as
+    (-saving, i, option, one-off), or None when none is worth it. Such a move may order
+    nodes (Karpenter's replace consolidation, here make-before-break): the target's new
+    nodes are counted at their whole price, in place of its replicas' shares, and their
+    boot (NODE_BOOT_S) is paid once. Options in order of their share-priced cost, which no
+    option's real cost is below: the scan stops at the first one not worth it even so."""
+    best: tuple[float, int, int, float] | None = None
+    for j in np.argsort(score[i], kind="stable").tolist():
+        if not math.isfinite(score[i, j]):
+            break
+        share_cost = float(running[i, j]) * r
+        if not _worth("better", now_cost, share_cost, float(one_off[i, j]), src_idx, cfg):
+            break
+        add = room.take(i, j, r, dry=True)
+        if add is None:
+            continue
+        new_cost, once = share_cost, float(one_off[i, j])
+        if add > 0:
+            price = float(cs.table.price[j])
+            new_cost += add * price - float(cs.compute[i, j]) * r
+            once += add * price * NODE_BOOT_S / 3600.0
+        if not _worth("better", now_cost, new_cost, once, src_idx, cfg):
+            continue
+        cand = (new_cost - now_cost, i, j, once)
+        if best is None or cand < best:
+            best = cand
+    return best
+
+
 def _move(cs: CandidateSet, room: _Room, ask: _Ask, i: int, j: int, now_cost: float,
-          one_off: float) -> Migration | None:
-    """The move of `ask` to option j, if j has room for every replica (reserved then)."""
+          one_off: float, *, saving: float | None = None) -> Migration | None:
+    """The move of `ask` to option j, if j has room for every replica (reserved then;
+    `saving`: USD/h, where the caller priced it, else now_cost less the share-priced cost
+    there)."""
     r = int(cs.replicas[i])
     new_nodes = room.take(i, j, r)
     if new_nodes is None:
@@ -366,7 +413,8 @@ def _move(cs: CandidateSet, room: _Room, ask: _Ask, i: int, j: int, now_cost: fl
         rtt_ms=None if math.isnan(rtt) else rtt, decision={"migration": ask.reason})
     new_cost = float(cs.compute[i, j] + cs.latency[i, j] + cs.bias[i, j]) * r
     return Migration(ask.workload.id, ask.placement.assignments, target, ask.reason,
-                     saving_usd_per_hour=max(0.0, now_cost - new_cost), cost_usd=one_off)
+                     saving_usd_per_hour=max(0.0, now_cost - new_cost if saving is None
+                                             else saving), cost_usd=one_off)
 
 
 def _worth(reason: str, now_cost: float, new_cost: float, one_off: float,

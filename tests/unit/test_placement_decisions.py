@@ -280,6 +280,29 @@ def test_a_better_move_counts_the_node_it_frees_when_the_service_runs_there_alon
     assert plan_epoch(snap("db"), PolicyAction(), CFG).migrations == ()
 
 
+def test_a_service_alone_on_a_dear_node_moves_to_a_new_cheap_one() -> None:
+    """Karpenter's replace consolidation, make-before-break: where no paid room will take
+    it, a service that holds a node alone may order a cheaper node, counted at its whole
+    price and boot; a move for a share's saving alone still never orders one."""
+    w = workload("web", cpu=1.0, mem=2.0)
+    alone = replace(pool("m5", price=0.8, nodes=1, max_nodes=4, used=Resources(1, 2)),
+                    node_states=(NodeState("a-0", cpu_allocated=1.0, memory_allocated_gib=2.0,
+                                           workloads=("web",)),))
+    small = pool("t3", price=0.05, nodes=0, max_nodes=4, node=Resources(cpu=2, memory_gib=8))
+    snap = _snap((_cluster("a", alone), _cluster("b", small)),
+                 running=((_running(w, "a", "m5", 0.1), w),))
+    [m] = plan_epoch(snap, PolicyAction(), CFG).migrations
+    assert (m.reason, m.target.assignments[0].cluster) == ("better", "b")
+    assert m.target.assignments[0].new_nodes == 1
+    assert m.saving_usd_per_hour == pytest.approx(0.8 - 0.05)  # a node for a node
+    off = replace(CFG, decisions=DecisionConfig(migrate_freed_nodes=False))
+    assert plan_epoch(snap, PolicyAction(), off).migrations == ()
+    # A node as dear as the one it frees saves nothing.
+    dear = replace(small, price_usd_per_hour=0.8)
+    assert plan_epoch(replace(snap, clusters=(snap.clusters[0], _cluster("b", dear))),
+                      PolicyAction(), CFG).migrations == ()
+
+
 def test_two_services_alone_on_their_nodes_do_not_swap_them() -> None:
     """Each could free its node by moving into the other's pool; both moves together would
     swap the nodes and free none, so one moves and the other stays (the room it would use
