@@ -292,3 +292,30 @@ def test_two_services_share_scarce_room_when_sized_for_pairs() -> None:
     frac = m["slo_violation_frac"]
     assert isinstance(frac, float)
     assert frac <= started / 1800.0 + 1e-5
+
+
+def test_a_service_too_big_for_the_closest_site_is_sized_for_the_sites_it_needs() -> None:
+    """Held-out draft 9,300,005 (lp): a 52-replica service with a 10 ms SLO was sized for
+    the closest edge site's slack alone, so every site a few hundredths of a ms farther was
+    out; the closest had room for 19, which ran for 6 h, all violating (an overloaded
+    service serves nobody inside its SLO), while karpenter spread it over the sites.
+
+    Here: 40 asked at 10 ms; `near` (8.48 ms) has room for 18 (21 vCPU at the 0.9
+    headroom), `next` (0.05 degrees out, 8.58 ms) for 36. Sized for near's slack (1.52 ms)
+    it needs 42 replicas, a pair waiting 1.47 ms, more than next's slack (1.42): only near
+    qualifies, and what runs there serves nobody. Sized for next's slack it needs 43 (a
+    pair waits 1.38 ms): both sites qualify, and all 43 run and serve."""
+    site: dict[str, Any] = {"provider": "edge", "lon": USER[1]}
+    doc = _two_sites() | {"clusters": [
+        site | {"name": "near", "lat": USER[0],
+                "capacity": {"cpu": 21, "memory_gib": 128, "price_per_hour": 1.0}},
+        site | {"name": "next", "lat": USER[0] + 0.05,
+                "capacity": {"cpu": 40, "memory_gib": 128, "price_per_hour": 1.0}}]}
+    m, eng = run(scenario(doc, "s,0,service,40,1,1,0,,u,10,0,,0\n"), policy="lp")
+    ws = eng.workloads["s"]
+    assert ws.running == 43
+    assert {g.cluster for g in ws.groups} == {"near", "next"}
+    frac = m["slo_violation_frac"]
+    assert isinstance(frac, float)
+    started = max(g.ready_s for g in ws.groups)
+    assert frac == pytest.approx(started / 1800.0, abs=1e-3)  # start-up only
