@@ -365,9 +365,7 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     growing = set(placed) | {(s.cluster, s.pool) for s in plan.scale if s.add_nodes > 0} | \
         {(p.cluster, p.pool) for p in prewarm if p.nodes > 0} | \
         {(a.cluster, a.pool) for m in moves for a in m.target.assignments}
-    # Karpenter's consolidateAfter: 0s removes empty nodes at once; the others wait CA's 10 min.
-    idle_cfg = dataclasses.replace(cfg, scale_in_idle_s=0.0) if policy == "karpenter" else cfg
-    idle = decisions.scale_in(snapshot, idle_cfg, placed, growing, action,
+    idle = decisions.scale_in(snapshot, _idle_config(cfg, policy), placed, growing, action,
                               forecast=policy in PREWARM_POLICIES, memo=memo)
     drains = consolidate.consolidations(
         snapshot, policy, growing, below=action.consolidate_below, removing=idle,
@@ -376,6 +374,24 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves, scale_in=idle + drains,
         replacements=consolidate.replacements(snapshot, policy, growing, drains))
+
+
+def _idle_config(cfg: decisions.DecisionConfig, policy: str) -> decisions.DecisionConfig:
+    """The config scale-in reads for `policy`: Karpenter's consolidateAfter 0 s removes
+    empty nodes at once; the others wait their timers (decisions.scale_in)."""
+    return dataclasses.replace(cfg, scale_in_idle_s=0.0) if policy == "karpenter" else cfg
+
+
+def idle_timer_s(policy: str, action: PolicyAction, config: PlannerConfig, cluster: str,
+                 pool: str) -> float:
+    """Seconds an empty node of `pool` waits before plan_epoch's scale-in may take it under
+    `policy` and `action` (the timer decisions.scale_in reads), so a caller can wake the
+    loop when it expires: the live loop ticks every epoch, the twin only when something is
+    due (sim/engine.py)."""
+    cfg = _idle_config(config.decisions, policy)
+    default = cfg.forecast_idle_s if policy in PREWARM_POLICIES else cfg.scale_in_idle_s
+    bounded = decisions.bounded_action(action, config.decisions)
+    return max(0.0, bounded.for_pool("idle_timeout_s", cluster, pool, default))
 
 
 def plan_candidates(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerConfig,

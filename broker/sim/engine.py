@@ -40,7 +40,7 @@ from typing import Protocol
 
 from broker.domain import FederationSnapshot, PolicyAction, UserRegion
 from broker.placement import consolidate, training
-from broker.placement.planner import EpochPlan, PlannerConfig
+from broker.placement.planner import EpochPlan, PlannerConfig, idle_timer_s
 from broker.placement.snapshot import MergeMemo
 from broker.sim import applying, faults, hazard
 from broker.sim.heap import run_heap
@@ -172,6 +172,11 @@ class Engine:
         self._arrival_i = 0
         self.capacity_changed_s: float | None = None  # release, nodes, faults (planner input)
         self._due_at: list[float] = []  # heap of Retry.not_before_s: wake the loop then
+        # When the next empty node's scale-in timer expires (`_idle_due`): the loop runs then;
+        # and when the planner last ran (timers that expired before it were seen by it).
+        self._idle_wake = math.inf
+        self._idle_fresh = False
+        self._planned_s = -math.inf
         # Set when replicas become pending (`queued`): the loop wakes at the next epoch.
         self._woken = False
         self._last_epoch = -math.inf
@@ -277,7 +282,35 @@ class Engine:
         wake = min(t_next, self._last_housekeeping + self.config.housekeeping_s, due)
         if wake <= nxt:
             return nxt
+        if not self._idle_fresh:  # else the skipped epoch just computed it
+            self._idle_wake = self._idle_due()
+        wake = min(wake, self._idle_wake)
+        if wake <= nxt:
+            return nxt
         return math.ceil(wake / epoch - 1e-9) * epoch
+
+    def _idle_due(self) -> float:
+        """When the first empty cloud node's scale-in timer (planner.idle_timer_s, the
+        policy's) expires that no planner run has seen expired; inf when none. The live loop
+        ticks every epoch while work runs and so scales such a node in at its timer; the twin
+        skips epochs with nothing to decide, and without this wake an empty node would stay
+        until the next housekeeping tick (up to `housekeeping_s` more, 300 s: on an 8-GPU
+        node ~8 USD) under every policy alike."""
+        policy = self._planner_policy()
+        best = math.inf
+        for c in self.clusters.values():
+            if c.spec.fixed:
+                continue
+            for p in c.pools:
+                since = [n.idle_since for n in p.node_list if n.idle_since is not None]
+                if not since:
+                    continue
+                timer = idle_timer_s(policy, self.action, self.planner_config, c.name, p.name)
+                for t0 in since:
+                    t = t0 + timer
+                    if self._planned_s + 1e-9 < t < best:
+                        best = t
+        return best
 
     def _wake_time(self, epoch: float) -> float:
         """When the loop, woken now, runs: after the batching window (as live), else at the
@@ -376,8 +409,14 @@ class Engine:
             policy_ms = (time.perf_counter() - t_policy) * 1000.0
             self._next_decision = now + self.config.decision_interval_s
         if not self.pending and not housekeeping:
-            return
+            # Nothing else to decide: the planner runs only if an empty node's timer expired.
+            self._idle_wake = self._idle_due()
+            self._idle_fresh = True
+            if self._idle_wake > now + 1e-9:
+                return
+        self._idle_fresh = False
         applying.observe_idle(self)
+        self._planned_s = now
         # Running services are offered to the migration rules every housekeeping tick (the
         # live loop offers them every epoch; per 30 s epoch here would double the run time).
         # Karpenter's replace rule and lp's drain rule read what runs on each node: built at
