@@ -485,6 +485,17 @@ def replicas_short(workload: Workload, placement: Placement | None) -> int:
     return max(0, workload.spec.replicas - held)
 
 
+# The objective's price of a user's millisecond, USD per ms of RTT per replica over the
+# service horizon (an hour): the operator's (`placement.latency_weight_usd_per_ms`), not a
+# policy action. 1e-4: 100 ms of RTT cost 0.01 USD, a quarter to a half of a 1-vCPU
+# replica-hour (0.02-0.04 USD), so among the options a latency SLO admits (the SLO bounds
+# latency, feasibility.py) the nearer wins unless it is clearly dearer. 1e-3, the default
+# until 2026-12-07, made it 2-5x the replica's price: lp placed by RTT first and paid 4-5 %
+# more than greedy on held-out services drafts, with more SLO violations than at 1e-4
+# (docs/twin.md, "The latency weight").
+LATENCY_WEIGHT_USD_PER_MS = 1e-4
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyAction:
     """What the RL policy may steer; the LP keeps every hard constraint.
@@ -513,7 +524,7 @@ class PolicyAction:
     cluster_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
     headroom: float = 0.9
     prewarm_lead_s: float = 120.0
-    latency_weight_usd_per_ms: float = 0.001
+    latency_weight_usd_per_ms: float = LATENCY_WEIGHT_USD_PER_MS
     idle_timeout_s: Mapping[str, float] = field(default_factory=dict)
     warm_nodes: Mapping[str, int] = field(default_factory=dict)
     spot_bias_usd_per_hour: Mapping[str, float] = field(default_factory=dict)

@@ -28,6 +28,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from broker.domain import LATENCY_WEIGHT_USD_PER_MS
+
 DEFAULT_CONFIG = Path("config/skyfed.toml")
 
 
@@ -90,7 +92,7 @@ class PlacementSettings(BaseModel):
     k_candidates: int = Field(default=8, ge=1)
     mip_gap: float = Field(default=0.01, ge=0, le=1)
     time_limit_s: float = Field(default=5.0, gt=0)
-    latency_weight_usd_per_ms: float = Field(default=0.001, ge=0)
+    latency_weight_usd_per_ms: float = Field(default=LATENCY_WEIGHT_USD_PER_MS, ge=0)
     headroom: float = Field(default=0.9, gt=0, le=1)
     unplaced_penalty_usd: float = Field(default=1000.0, gt=0)
     # Marginal cost of fixed (edge/on-prem) sites as a fraction of their amortised price; see

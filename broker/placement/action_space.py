@@ -191,9 +191,11 @@ def squash(layout: Layout, raw: np.ndarray) -> np.ndarray:
 
 def to_action(names: Sequence[str], raw: np.ndarray,
               pools: Sequence[tuple[str, str]] = (),
-              latency_weight_usd_per_ms: float = 0.001) -> PolicyAction:
+              latency_weight_usd_per_ms: float = _FIXED.latency_weight_usd_per_ms
+              ) -> PolicyAction:
     """Squash a raw sample (Layout(len(names), len(pools))) into a PolicyAction within the
-    ActionSpec ranges; `pools` are (cluster, pool) names in the observation's order."""
+    ActionSpec ranges; `pools` are (cluster, pool) names in the observation's order; the
+    latency weight is not an action (the operator's, PolicyAction's default here)."""
     layout = Layout(len(names), len(pools))
     vals = squash(layout, np.asarray(raw, dtype=np.float64))
     fields: dict[str, object] = {}

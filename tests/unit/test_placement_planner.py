@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from broker.domain import (
+    LATENCY_WEIGHT_USD_PER_MS,
     Cluster,
     DataSource,
     Interconnect,
@@ -60,6 +61,28 @@ def test_latency_slo_keeps_service_near_its_users() -> None:
     assert clusters_of(plan, "web") == {"gcp-euw4"}
     assert plan.placements[0].rtt_ms is not None
     assert plan.placements[0].rtt_ms <= 25
+
+
+def test_the_latency_weight_prefers_near_users_unless_the_near_option_is_clearly_dearer() -> None:
+    """The default weight (1e-4 USD per ms per replica-hour) makes 90 ms of RTT worth 0.009
+    USD: a service with no SLO goes to the option a quarter of the price, 90 ms away. At the
+    old 1e-3 (0.09 USD, 0.7x the replica's price there) it went to the near one; an SLO
+    still keeps it near."""
+    near = Cluster(name="near", provider="aws", region="us-east-1", lat=40.7, lon=-74.0,
+                   pools=(pool("m5", price=0.8),))
+    far = Cluster(name="far", provider="aws", region="us-west-2", lat=45.5, lon=-122.7,
+                  pools=(pool("m5", price=0.2),))
+    rtt = {("nyc", "near"): 5.0, ("nyc", "far"): 95.0}
+
+    def where(action: PolicyAction, slo: float | None = None) -> set[str]:
+        snap = snapshot((workload("web", user_region="nyc", latency_slo_ms=slo),),
+                        clusters=(near, far), rtt_ms=rtt)
+        return clusters_of(plan_epoch(snap, action, CONFIG), "web")
+
+    assert ACTION.latency_weight_usd_per_ms == LATENCY_WEIGHT_USD_PER_MS == 1e-4
+    assert where(ACTION) == {"far"}
+    assert where(PolicyAction(latency_weight_usd_per_ms=1e-3)) == {"near"}
+    assert where(ACTION, slo=50.0) == {"near"}
 
 
 def test_measured_rtt_overrides_the_estimate() -> None:

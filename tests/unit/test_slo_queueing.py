@@ -223,9 +223,12 @@ def test_a_spread_service_is_sized_for_the_domains_it_needs() -> None:
 # replicas (16 vCPU at the 0.9 headroom) and is the only cluster inside a 10 ms SLO from nyc.
 # "big" asks 40 replicas (load 20 replicas' worth; 42 after SLO sizing): any 14 of them wait
 # without bound (rho > 1), so they serve nothing. "small" asks 4 (5 after sizing) and fits.
+# big has the higher priority, so the program fills the site with its replicas first (at
+# equal priority the two tie, and which fills first was the solver's choice).
 def _scarce(*ws: str) -> Any:
     asks = {"big": 40, "small": 4}
-    return snapshot(tuple(workload(w, replicas=asks[w], user_region="nyc", latency_slo_ms=10)
+    return snapshot(tuple(workload(w, replicas=asks[w], user_region="nyc", latency_slo_ms=10,
+                                   priority=1 if w == "big" else 0)
                           for w in ws))
 
 
