@@ -325,10 +325,13 @@ async def test_a_scale_down_in_place_keeps_the_replicas_slo_sizing_added(
             after = (await c.get(f"/v1/placements/{pid}", headers=h)).json()
         assert sum(a["replicas"] for a in after["assignments"]) == 3
         # Spread over >= 2 clusters: the replica comes off the larger assignment.
-        placed = {(a.cluster, a.replicas) for a in before.assignments}
-        assert placed == {("azure-weu", 3), ("gcp-euw4", 1)}
-        assert {(a["cluster"], a["replicas"]) for a in after["assignments"]} == \
-            {("azure-weu", 2), ("gcp-euw4", 1)}
+        # Which of the two clusters gets 3 is the planner's price-vs-RTT call (it changed
+        # with the latency weight); the scale-down's rule is what this test pins.
+        placed = {a.cluster: a.replicas for a in before.assignments}
+        assert sorted(placed.values()) == [1, 3]
+        [larger] = [name for name, n in placed.items() if n == 3]
+        expected = {(name, n - 1 if name == larger else n) for name, n in placed.items()}
+        assert {(a["cluster"], a["replicas"]) for a in after["assignments"]} == expected
     finally:
         if rt.driver_registry is not None:
             await rt.driver_registry.aclose()
