@@ -416,7 +416,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
     public = all(c.allowed_tenants is None for c in snapshot.clusters)
     healthy = np.array([c.healthy for c in snapshot.clusters], dtype=bool)
     rows: dict[str, FloatArray] = {}
-    room: dict[tuple[str, Resources], float] = {}
+    room = _Room()
     for w in wls:
         spec = w.spec
         if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
@@ -485,30 +485,80 @@ def domain_key(cluster: Cluster, topology: str) -> str:
 _RTT_KEY = operator.itemgetter(0)
 
 
-def room_replicas(c: Cluster, res: Resources) -> float:
-    """Replicas of shape `res` the cluster has room for: per pool, its free room plus the
-    nodes it may still add, in the resource that runs out first; summed over its pools."""
-    need = [(r, getattr(res, r)) for r in ("cpu", "memory_gib", "gpu") if getattr(res, r) > 0]
-    if not need:
-        return math.inf
-    total = 0.0
-    for p in c.pools:
-        free, add = p.free, p.can_add_nodes
-        total += max(0.0, min((getattr(free, r) + add * getattr(p.node, r)) / d
-                              for r, d in need))
-    return total
+_ROOM_RESOURCES = ("cpu", "memory_gib", "gpu")
+
+
+class _Room:
+    """The room size_for_slo's walk counts in a cluster (`replicas`): replicas of a shape that
+    fit, per pool its free room plus the nodes it may still add in the resource that runs
+    out first, summed over its pools; less what the services sized before it in the same
+    batch claimed (`claim`).
+
+    Why claims: counted afresh for each service, the same free room was every service's.
+    Two services of 20 near a site with room for 24 were both sized for that site alone, as
+    if its room were each one's: the plan could give it to one of them and left the other
+    unplaced for the epoch, though a site 0.1 ms farther had room for all of it
+    (tests/unit/test_slo_queueing.py, `..._do_not_count_the_same_room_twice`).
+    """
+
+    __slots__ = ("_cache", "_left")
+
+    def __init__(self) -> None:
+        self._left: dict[str, list[list[float]]] = {}  # cluster -> per pool, per resource
+        self._cache: dict[str, dict[Resources, float]] = {}
+
+    def _pools(self, c: Cluster) -> list[list[float]]:
+        left = self._left.get(c.name)
+        if left is None:
+            left = self._left[c.name] = [
+                [getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r)
+                 for r in _ROOM_RESOURCES] for p in c.pools]
+        return left
+
+    @staticmethod
+    def _need(res: Resources) -> list[tuple[int, float]]:
+        return [(i, d) for i, r in enumerate(_ROOM_RESOURCES) if (d := getattr(res, r)) > 0]
+
+    def replicas(self, c: Cluster, res: Resources) -> float:
+        cached = self._cache.setdefault(c.name, {})
+        got = cached.get(res)
+        if got is None:
+            need = self._need(res)
+            got = cached[res] = math.inf if not need else math.fsum(
+                max(0.0, min(left[i] / d for i, d in need)) for left in self._pools(c))
+        return got
+
+    def claim(self, c: Cluster, res: Resources, k: float) -> float:
+        """Take up to `k` replicas of `res` of the cluster's room, its pools in order; the
+        replicas taken."""
+        need = self._need(res)
+        if not need or k <= 0:
+            return 0.0
+        taken = 0.0
+        for left in self._pools(c):
+            if taken >= k:
+                break
+            take = min(k - taken, max(0.0, min(left[i] / d for i, d in need)))
+            if take > 0:
+                for i, d in need:
+                    left[i] -= take * d
+                taken += take
+        if taken > 0:
+            self._cache.pop(c.name, None)
+        return taken
 
 
 def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, asked: int,
-                     slo_ms: float, res: Resources, domains: int,
-                     memo: dict[tuple[str, Resources], float]
+                     slo_ms: float, res: Resources, domains: int, room: _Room
                      ) -> tuple[float, int | None]:
     """(RTT sized against, replicas) for size_for_slo: sized against `first_rtt` (the
     closest cluster's RTT, or the spread's k-th domain's), unless the clusters that close
     have no room for the replicas that sizing asks; then against the RTT of the next
     cluster out (`near`: (RTT, cluster) pairs, closest first), and so on until the clusters
-    within it have room (`room_replicas`, ignoring what other work takes of it) or the SLO
-    leaves no slack for a farther one; the last RTT that could be sized.
+    within it have room (`room`: what services sized before this one in the batch claimed
+    of it is gone; this one claims its replicas from the clusters within the RTT it was
+    sized for, closest first) or the SLO leaves no slack for a farther one; the last RTT
+    that could be sized.
 
     Why: sized for the closest cluster alone, the wait allowed there is all of the slack it
     leaves, so every cluster a few hundredths of a ms farther is out. A 52-replica service
@@ -519,19 +569,22 @@ def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, as
     n = queueing.replicas_for_slack(asked, slo_ms - first_rtt, domains=domains)
     if n is None:
         return first_rtt, None
-    best, have = (first_rtt, n), 0.0
+    best, have, seen = (first_rtt, n), 0.0, 0
     for rtt, c in near:
-        key = (c.name, res)
-        if key not in memo:
-            memo[key] = room_replicas(c, res)
-        have += memo[key]
         if rtt > first_rtt:
             m = queueing.replicas_for_slack(asked, slo_ms - rtt, domains=domains)
             if m is None:
                 break
             best = (rtt, m)
+        have += room.replicas(c, res)
+        seen += 1
         if have >= best[1]:
             break
+    left = float(best[1])
+    for _, c in near[:seen]:
+        if left <= 0:
+            break
+        left -= room.claim(c, res, left)
     return best
 
 
