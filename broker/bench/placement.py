@@ -214,7 +214,7 @@ def reference_bound(snap: FederationSnapshot, action: PolicyAction, config: Plan
     themselves they change how fast pricing converges, not the converged LP bound.
     """
     # The model plan_epoch solves: its batch (SLO sizing included), packing, reservations.
-    snap, queued, _ = solved_batch(snap, config, policy="lp")
+    snap, queued, _ = solved_batch(snap, config, policy="lp", headroom=action.headroom)
     cs = candidates(snap, action, config, queued=queued)
     pen = penalties(cs, config.unplaced_penalty_usd)
     budgets = tenant_budgets(snap)

@@ -336,9 +336,10 @@ def whatif(snapshot: FederationSnapshot, action: PolicyAction, config: PlannerCo
         plan_candidates,
     )
 
-    if policy in SLO_QUEUEING_POLICIES:  # as plan_epoch sizes them, so "before" is the plan
-        snapshot = replace(snapshot, pending=size_for_slo(snapshot, snapshot.pending)[0])
     action = bounded_action(action, config.decisions)  # the timers plan_epoch plans with
+    if policy in SLO_QUEUEING_POLICIES:  # as plan_epoch sizes them, so "before" is the plan
+        snapshot = replace(snapshot, pending=size_for_slo(
+            snapshot, snapshot.pending, headroom=action.headroom)[0])
     ids = [w.id for w in snapshot.pending]
     if workload_id not in ids:
         raise PlannerError(f"workload {workload_id!r} is not in the snapshot's pending batch")

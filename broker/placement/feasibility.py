@@ -387,7 +387,7 @@ def running_slo_utilization(spec: WorkloadSpec, running: int) -> float | None:
 
 
 def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
-                 memo: PlanMemo | None = None
+                 memo: PlanMemo | None = None, *, headroom: float = 1.0
                  ) -> tuple[tuple[Workload, ...], dict[str, int]]:
     """The workloads as the SLO-aware planner places them, and the replicas it adds to each.
 
@@ -416,7 +416,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
     public = all(c.allowed_tenants is None for c in snapshot.clusters)
     healthy = np.array([c.healthy for c in snapshot.clusters], dtype=bool)
     rows: dict[str, FloatArray] = {}
-    room = _Room()
+    room = _Room(headroom)
     for w in wls:
         spec = w.spec
         if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
@@ -491,8 +491,9 @@ _ROOM_RESOURCES = ("cpu", "memory_gib", "gpu")
 class _Room:
     """The room size_for_slo's walk counts in a cluster (`replicas`): replicas of a shape that
     fit, per pool its free room plus the nodes it may still add in the resource that runs
-    out first, summed over its pools; less what the services sized before it in the same
-    batch claimed (`claim`).
+    out first, summed over its pools, at the plan's headroom (the share of CPU and memory
+    the capacity rows let the program fill; all of the GPUs); less what the services sized
+    before it in the same batch claimed (`claim`).
 
     Why claims: counted afresh for each service, the same free room was every service's.
     Two services of 20 near a site with room for 24 were both sized for that site alone, as
@@ -501,9 +502,11 @@ class _Room:
     (tests/unit/test_slo_queueing.py, `..._do_not_count_the_same_room_twice`).
     """
 
-    __slots__ = ("_cache", "_left")
+    __slots__ = ("_cache", "_left", "_share")
 
-    def __init__(self) -> None:
+    def __init__(self, headroom: float = 1.0) -> None:
+        h = min(max(headroom, 0.0), 1.0)
+        self._share = (h, h, 1.0)  # as the capacity rows: GPUs are whole devices
         self._left: dict[str, list[list[float]]] = {}  # cluster -> per pool, per resource
         self._cache: dict[str, dict[Resources, float]] = {}
 
@@ -511,8 +514,8 @@ class _Room:
         left = self._left.get(c.name)
         if left is None:
             left = self._left[c.name] = [
-                [getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r)
-                 for r in _ROOM_RESOURCES] for p in c.pools]
+                [h * (getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r))
+                 for r, h in zip(_ROOM_RESOURCES, self._share, strict=True)] for p in c.pools]
         return left
 
     @staticmethod

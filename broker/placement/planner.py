@@ -282,7 +282,8 @@ def plan_epoch(
     action = decisions.bounded_action(action, config.decisions)
     t0 = time.perf_counter()
     memo = PlanMemo() if memo is None else memo
-    snapshot, queued, extra = solved_batch(snapshot, config, policy=policy, memo=memo)
+    snapshot, queued, extra = solved_batch(snapshot, config, policy=policy, memo=memo,
+                                           headroom=action.headroom)
     batch = snapshot.pending
     if batch:
         cs = candidates(snapshot, action, config, queued=queued, memo=memo)
@@ -297,7 +298,7 @@ def plan_epoch(
 
 
 def solved_batch(snapshot: FederationSnapshot, config: PlannerConfig, *, policy: str,
-                 memo: PlanMemo | None = None
+                 memo: PlanMemo | None = None, headroom: float = 1.0
                  ) -> tuple[FederationSnapshot, tuple[Workload, ...], dict[str, int]]:
     """The snapshot with the batch plan_epoch solves as `pending`, the pending work backing
     off this epoch (`queued`: whole nodes are reserved for its large jobs), and the
@@ -305,8 +306,10 @@ def solved_batch(snapshot: FederationSnapshot, config: PlannerConfig, *, policy:
 
     Only the workloads due (decisions.due) are solved; for SLO_QUEUEING_POLICIES the
     latency-SLO services are sized for their SLO under queueing (feasibility.size_for_slo:
-    more replicas, and the wait in the latency mask). Anything that solves "the model
-    plan_epoch solves" (the placement bench's reference bound) starts from here.
+    more replicas, and the wait in the latency mask), counting the room of CPU and memory at
+    `headroom` (the plan's PolicyAction.headroom, as its capacity rows). Anything that
+    solves "the model plan_epoch solves" (the placement bench's reference bound) starts
+    from here.
     """
     batch = tuple(w for w in snapshot.pending if decisions.due(
         w, snapshot.now_s, config.decisions, snapshot.capacity_changed_s))
@@ -314,7 +317,7 @@ def solved_batch(snapshot: FederationSnapshot, config: PlannerConfig, *, policy:
     queued = tuple(w for w in snapshot.pending if w.id not in due_ids)
     extra: dict[str, int] = {}
     if policy in SLO_QUEUEING_POLICIES:
-        batch, extra = size_for_slo(snapshot, batch, memo)
+        batch, extra = size_for_slo(snapshot, batch, memo, headroom=headroom)
     if policy in SLO_QUEUEING_POLICIES or len(batch) != len(snapshot.pending):
         snapshot = dataclasses.replace(snapshot, pending=batch)
     return snapshot, queued, extra

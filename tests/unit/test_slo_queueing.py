@@ -325,13 +325,13 @@ def test_a_service_too_big_for_the_closest_site_is_sized_for_the_sites_it_needs(
 
 
 def test_services_sized_in_one_batch_do_not_count_the_same_room_twice() -> None:
-    """Two services of 20 asked, 10 ms SLO, from the same users: `near` (8.48 ms) has room
-    for 24 one-vCPU replicas, `next` (0.05 degrees out, ~8.58 ms) for 48. Sized for near's
-    slack, 20 asked run as 21 (a pair waits 1.47 ms, more than next's slack), so next is
-    out; sized for next's, as 22 (1.30 ms), and both qualify. The first service claims 21
-    of near's 24; counted afresh, the second saw all 24 and was sized for near too, so
-    both could use near alone: the plan gave it to one and left the other wholly unplaced
-    for the epoch (capacity binding), where next had room for all of it."""
+    """Two services of 20 asked, 10 ms SLO, from the same users: `near` (8.48 ms) has 24
+    vCPU (21.6 one-vCPU replicas at the 0.9 headroom), `next` (0.05 degrees out, ~8.58 ms)
+    48. Sized for near's slack, 20 asked run as 21 (a pair waits 1.47 ms, more than next's
+    slack), so next is out; sized for next's, as 22 (1.30 ms), and both qualify. The first
+    service claims 21 of near's room; counted afresh, the second saw all of it and was sized
+    for near too, so both could use near alone: the plan gave it to one and left the other
+    wholly unplaced for the epoch (capacity binding), where next had room for all of it."""
     from broker.domain import Cluster, Resources
     from tests.unit.placement_world import pool
 
@@ -356,3 +356,32 @@ def test_services_sized_in_one_batch_do_not_count_the_same_room_twice() -> None:
     plan = plan_epoch(snap, PolicyAction(), cfg, policy="lp")
     assert not plan.unplaced
     assert sum(p.placed_replicas for p in plan.placements) == 43
+
+
+def test_the_room_sizing_counts_is_the_room_the_plan_may_fill() -> None:
+    """20 asked at 10 ms: `near` has 22 vCPU, `next` (0.1 ms farther) 48. Counted whole,
+    near's 22 hold the 21 that near's slack asks, so sizing kept next out; but the plan
+    fills CPU only to the headroom (0.9: 19.8 vCPU), so 19 ran and 2 stayed unplaced. Counted
+    at the headroom, near holds 19 and the service is sized for next (22, both sites
+    qualify; the plan runs them all)."""
+    from broker.domain import Cluster, Resources
+    from tests.unit.placement_world import pool
+
+    def site(name: str, lat: float, cpu: int) -> Cluster:
+        node = Resources(cpu=cpu, memory_gib=256)
+        return Cluster(name=name, provider="edge", region=name, lat=lat, lon=-74.0,
+                       pools=(pool(f"{name}-p", price=1.0, nodes=1, max_nodes=1, node=node),))
+
+    snap = snapshot((workload("s", replicas=20, user_region="nyc", latency_slo_ms=10),),
+                    clusters=(site("near", 40.7, 22), site("next", 40.75, 48)))
+    action = PolicyAction()
+    assert action.headroom == pytest.approx(0.9)
+    plan = plan_epoch(snap, action, PlannerConfig(explain=False, time_limit_s=2.0), policy="lp")
+    assert not plan.unplaced
+    [p] = plan.placements
+    assert p.placed_replicas == 22
+    assert "next" in {a.cluster for a in p.assignments}
+    whole, _ = feasibility.size_for_slo(snap, snap.pending)
+    assert [w.spec.replicas for w in whole] == [21]
+    at_headroom, _ = feasibility.size_for_slo(snap, snap.pending, headroom=action.headroom)
+    assert [w.spec.replicas for w in at_headroom] == [22]
