@@ -492,63 +492,28 @@ class _Room:
     """The room size_for_slo's walk counts in a cluster (`replicas`): replicas of a shape that
     fit, per pool its free room plus the nodes it may still add in the resource that runs
     out first, summed over its pools, at the plan's headroom (the share of CPU and memory
-    the capacity rows let the program fill; all of the GPUs); less what the services sized
-    before it in the same batch claimed (`claim`).
-
-    Why claims: counted afresh for each service, the same free room was every service's.
-    Two services of 20 near a site with room for 24 were both sized for that site alone, as
-    if its room were each one's: the plan could give it to one of them and left the other
-    unplaced for the epoch, though a site 0.1 ms farther had room for all of it
-    (tests/unit/test_slo_queueing.py, `..._do_not_count_the_same_room_twice`).
+    the capacity rows let the program fill; all of the GPUs). What other work of the batch
+    takes of it is not subtracted (docs/twin.md, "Claims on the room counted": tried, and
+    federation-day cost ~1 % more).
     """
 
-    __slots__ = ("_cache", "_left", "_share")
+    __slots__ = ("_cache", "_share")
 
     def __init__(self, headroom: float = 1.0) -> None:
         h = min(max(headroom, 0.0), 1.0)
         self._share = (h, h, 1.0)  # as the capacity rows: GPUs are whole devices
-        self._left: dict[str, list[list[float]]] = {}  # cluster -> per pool, per resource
-        self._cache: dict[str, dict[Resources, float]] = {}
-
-    def _pools(self, c: Cluster) -> list[list[float]]:
-        left = self._left.get(c.name)
-        if left is None:
-            left = self._left[c.name] = [
-                [h * (getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r))
-                 for r, h in zip(_ROOM_RESOURCES, self._share, strict=True)] for p in c.pools]
-        return left
-
-    @staticmethod
-    def _need(res: Resources) -> list[tuple[int, float]]:
-        return [(i, d) for i, r in enumerate(_ROOM_RESOURCES) if (d := getattr(res, r)) > 0]
+        self._cache: dict[tuple[str, Resources], float] = {}
 
     def replicas(self, c: Cluster, res: Resources) -> float:
-        cached = self._cache.setdefault(c.name, {})
-        got = cached.get(res)
+        key = (c.name, res)
+        got = self._cache.get(key)
         if got is None:
-            need = self._need(res)
-            got = cached[res] = math.inf if not need else math.fsum(
-                max(0.0, min(left[i] / d for i, d in need)) for left in self._pools(c))
+            need = [(r, d, h) for r, h in zip(_ROOM_RESOURCES, self._share, strict=True)
+                    if (d := getattr(res, r)) > 0]
+            got = self._cache[key] = math.inf if not need else math.fsum(
+                max(0.0, min(h * (getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r))
+                             / d for r, d, h in need)) for p in c.pools)
         return got
-
-    def claim(self, c: Cluster, res: Resources, k: float) -> float:
-        """Take up to `k` replicas of `res` of the cluster's room, its pools in order; the
-        replicas taken."""
-        need = self._need(res)
-        if not need or k <= 0:
-            return 0.0
-        taken = 0.0
-        for left in self._pools(c):
-            if taken >= k:
-                break
-            take = min(k - taken, max(0.0, min(left[i] / d for i, d in need)))
-            if take > 0:
-                for i, d in need:
-                    left[i] -= take * d
-                taken += take
-        if taken > 0:
-            self._cache.pop(c.name, None)
-        return taken
 
 
 def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, asked: int,
@@ -558,9 +523,7 @@ def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, as
     closest cluster's RTT, or the spread's k-th domain's), unless the clusters that close
     have no room for the replicas that sizing asks; then against the RTT of the next
     cluster out (`near`: (RTT, cluster) pairs, closest first), and so on until the clusters
-    within it have room (`room`: what services sized before this one in the batch claimed
-    of it is gone; this one claims its replicas from the clusters within the RTT it was
-    sized for, closest first) or the SLO leaves no slack for a farther one; the last RTT
+    within it have room (`room`) or the SLO leaves no slack for a farther one; the last RTT
     that could be sized.
 
     Why: sized for the closest cluster alone, the wait allowed there is all of the slack it
@@ -572,7 +535,7 @@ def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, as
     n = queueing.replicas_for_slack(asked, slo_ms - first_rtt, domains=domains)
     if n is None:
         return first_rtt, None
-    best, have, seen = (first_rtt, n), 0.0, 0
+    best, have = (first_rtt, n), 0.0
     for rtt, c in near:
         if rtt > first_rtt:
             m = queueing.replicas_for_slack(asked, slo_ms - rtt, domains=domains)
@@ -580,14 +543,8 @@ def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, as
                 break
             best = (rtt, m)
         have += room.replicas(c, res)
-        seen += 1
         if have >= best[1]:
             break
-    left = float(best[1])
-    for _, c in near[:seen]:
-        if left <= 0:
-            break
-        left -= room.claim(c, res, left)
     return best
 
 

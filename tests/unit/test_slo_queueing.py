@@ -324,40 +324,6 @@ def test_a_service_too_big_for_the_closest_site_is_sized_for_the_sites_it_needs(
     assert frac == pytest.approx(started / 1800.0, abs=1e-3)  # start-up only
 
 
-def test_services_sized_in_one_batch_do_not_count_the_same_room_twice() -> None:
-    """Two services of 20 asked, 10 ms SLO, from the same users: `near` (8.48 ms) has 24
-    vCPU (21.6 one-vCPU replicas at the 0.9 headroom), `next` (0.05 degrees out, ~8.58 ms)
-    48. Sized for near's slack, 20 asked run as 21 (a pair waits 1.47 ms, more than next's
-    slack), so next is out; sized for next's, as 22 (1.30 ms), and both qualify. The first
-    service claims 21 of near's room; counted afresh, the second saw all of it and was sized
-    for near too, so both could use near alone: the plan gave it to one and left the other
-    wholly unplaced for the epoch (capacity binding), where next had room for all of it."""
-    from broker.domain import Cluster, Resources
-    from tests.unit.placement_world import pool
-
-    def site(name: str, lat: float, cpu: int) -> Cluster:
-        node = Resources(cpu=cpu, memory_gib=256)
-        return Cluster(name=name, provider="edge", region=name, lat=lat, lon=-74.0,
-                       pools=(pool(f"{name}-p", price=1.0, nodes=1, max_nodes=1, node=node),))
-
-    clusters = (site("near", 40.7, 24), site("next", 40.75, 48))
-    snap = snapshot(tuple(workload(w, replicas=20, user_region="nyc", latency_slo_ms=10)
-                          for w in ("a", "b")), clusters=clusters)
-    resolver = RttResolver(snap)
-    near_rtt, next_rtt = (resolver.rtt_ms("nyc", c) for c in clusters)
-    assert near_rtt is not None
-    assert next_rtt is not None
-    assert queueing.replicas_for_slack(20, 10.0 - near_rtt) == 21
-    assert queueing.replicas_for_slack(20, 10.0 - next_rtt) == 22
-    sized, extra = feasibility.size_for_slo(snap, snap.pending)
-    assert [w.spec.replicas for w in sized] == [21, 22]
-    assert extra == {"a": 1, "b": 2}
-    cfg = PlannerConfig(explain=False, time_limit_s=2.0)
-    plan = plan_epoch(snap, PolicyAction(), cfg, policy="lp")
-    assert not plan.unplaced
-    assert sum(p.placed_replicas for p in plan.placements) == 43
-
-
 def test_the_room_sizing_counts_is_the_room_the_plan_may_fill() -> None:
     """20 asked at 10 ms: `near` has 22 vCPU, `next` (0.1 ms farther) 48. Counted whole,
     near's 22 hold the 21 that near's slack asks, so sizing kept next out; but the plan
