@@ -61,6 +61,7 @@ from broker.domain import (
 )
 from broker.placement.feasibility import (
     GpuClass,
+    capacity_shares,
     domain_key,
     family_masks,
     free_gpu_sets,
@@ -388,12 +389,9 @@ class CandidateSet:
         return len(self.options) if self.visible is None else int(self.visible[w].sum())
 
     def headroom_vec(self) -> FloatArray:
-        """Headroom per resource: the policy's ratio for cpu and memory, 1 for GPUs.
-
-        GPUs are whole devices that are never overcommitted, and a fractional
-        GPU capacity would only let the LP relaxation place part of a GPU.
-        """
-        return np.array([self.headroom, self.headroom, 1.0])
+        """Headroom per resource (feasibility.capacity_shares): the policy's ratio for cpu
+        and memory, 1 for GPUs."""
+        return np.array(capacity_shares(self.headroom))
 
     def option_node(self) -> FloatArray:
         """O x 3 allocatable per node (read-only)."""
@@ -512,7 +510,7 @@ def build_candidates(snapshot: FederationSnapshot, action: PolicyAction, *,
                   domains, targets, options) if columns else \
         tuple(np.zeros(0, dtype=np.int64) for _ in wls)
     return CandidateSet(
-        workloads=wls, options=options, headroom=min(max(action.headroom, 0.0), 1.0),
+        workloads=wls, options=options, headroom=capacity_shares(action.headroom)[0],
         demand=demand, replicas=replicas, feasible=feasible, cost=cost, compute=compute,
         egress=egress, latency=latency, bias=bias, usd_per_hour=usdh, rtt_ms=rtt,
         cand=cand, infeasible_counts=counts, domain=domains, table=table, visible=visible,

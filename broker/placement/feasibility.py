@@ -416,7 +416,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
     public = all(c.allowed_tenants is None for c in snapshot.clusters)
     healthy = np.array([c.healthy for c in snapshot.clusters], dtype=bool)
     rows: dict[str, FloatArray] = {}
-    room = _Room(headroom)
+    room: dict[tuple[str, Resources], float] = {}
     for w in wls:
         spec = w.spec
         if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
@@ -449,7 +449,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
         if sizing_rtt is not None:
             sizing_rtt, n = _sizing_for_room(near, sizing_rtt, spec.replicas,
                                              spec.latency_slo_ms, spec.resources, domains,
-                                             room)
+                                             headroom, room)
         if n is None:
             out.append(w)
             continue
@@ -488,43 +488,40 @@ _RTT_KEY = operator.itemgetter(0)
 _ROOM_RESOURCES = ("cpu", "memory_gib", "gpu")
 
 
-class _Room:
-    """The room size_for_slo's walk counts in a cluster (`replicas`): replicas of a shape that
-    fit, per pool its free room plus the nodes it may still add in the resource that runs
-    out first, summed over its pools, at the plan's headroom (the share of CPU and memory
-    the capacity rows let the program fill; all of the GPUs). What other work of the batch
-    takes of it is not subtracted (docs/twin.md, "Claims on the room counted": tried, and
-    federation-day cost ~1 % more).
-    """
+def capacity_shares(headroom: float) -> tuple[float, float, float]:
+    """(cpu, memory, gpu): the share of a pool's capacity the program may fill, the policy's
+    headroom (the allocation ratio, clipped to [0, 1]) for cpu and memory and all of the
+    GPUs, which are whole devices that are never overcommitted (a fractional GPU capacity
+    would only let the LP relaxation place part of a GPU)."""
+    h = min(max(headroom, 0.0), 1.0)
+    return h, h, 1.0
 
-    __slots__ = ("_cache", "_share")
 
-    def __init__(self, headroom: float = 1.0) -> None:
-        h = min(max(headroom, 0.0), 1.0)
-        self._share = (h, h, 1.0)  # as the capacity rows: GPUs are whole devices
-        self._cache: dict[tuple[str, Resources], float] = {}
-
-    def replicas(self, c: Cluster, res: Resources) -> float:
-        key = (c.name, res)
-        got = self._cache.get(key)
-        if got is None:
-            need = [(r, d, h) for r, h in zip(_ROOM_RESOURCES, self._share, strict=True)
-                    if (d := getattr(res, r)) > 0]
-            got = self._cache[key] = math.inf if not need else math.fsum(
-                max(0.0, min(h * (getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r))
-                             / d for r, d, h in need)) for p in c.pools)
-        return got
+def room_replicas(c: Cluster, res: Resources, headroom: float = 1.0) -> float:
+    """Replicas of shape `res` the cluster has room for: per pool, its free room plus the
+    nodes it may still add, at the share the capacity rows let the program fill
+    (`capacity_shares`), in the resource that runs out first; summed over its pools. What
+    other work of the batch takes of it is not subtracted (docs/twin.md, "Claims on the
+    room counted": tried, and federation-day cost ~1 % more)."""
+    need = [(r, d, h) for r, h in zip(_ROOM_RESOURCES, capacity_shares(headroom), strict=True)
+            if (d := getattr(res, r)) > 0]
+    if not need:
+        return math.inf
+    return math.fsum(max(0.0, min(h * (getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r))
+                                  / d for r, d, h in need)) for p in c.pools)
 
 
 def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, asked: int,
-                     slo_ms: float, res: Resources, domains: int, room: _Room
+                     slo_ms: float, res: Resources, domains: int, headroom: float,
+                     memo: dict[tuple[str, Resources], float]
                      ) -> tuple[float, int | None]:
     """(RTT sized against, replicas) for size_for_slo: sized against `first_rtt` (the
     closest cluster's RTT, or the spread's k-th domain's), unless the clusters that close
     have no room for the replicas that sizing asks; then against the RTT of the next
     cluster out (`near`: (RTT, cluster) pairs, closest first), and so on until the clusters
-    within it have room (`room`) or the SLO leaves no slack for a farther one; the last RTT
-    that could be sized.
+    within it have room (`room_replicas` at `headroom`; `memo` keeps each cluster's count
+    for the batch) or the SLO leaves no slack for a farther one; the last RTT that could be
+    sized.
 
     Why: sized for the closest cluster alone, the wait allowed there is all of the slack it
     leaves, so every cluster a few hundredths of a ms farther is out. A 52-replica service
@@ -542,7 +539,10 @@ def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, as
             if m is None:
                 break
             best = (rtt, m)
-        have += room.replicas(c, res)
+        key = (c.name, res)
+        if key not in memo:
+            memo[key] = room_replicas(c, res, headroom)
+        have += memo[key]
         if have >= best[1]:
             break
     return best
