@@ -166,7 +166,7 @@ def _schedule_existing(ledger: Ledger, i: int, opts: np.ndarray, pods: int) -> i
 
 def _nodes_for(ledger: Ledger, i: int, o: int, pods: int) -> int:
     d = ledger.cs.demand[i]
-    node = ledger.node[o] * ledger.h
+    node = ledger.node[o] * ledger.h[o]
     need = 0
     for r in range(3):
         if d[r] > 0 and node[r] > 0:

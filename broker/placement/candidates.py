@@ -388,10 +388,15 @@ class CandidateSet:
         """How many options workload w's tenant may see (its decision record's count)."""
         return len(self.options) if self.visible is None else int(self.visible[w].sum())
 
-    def headroom_vec(self) -> FloatArray:
-        """Headroom per resource (feasibility.capacity_shares): the policy's ratio for cpu
-        and memory, 1 for GPUs."""
-        return np.array(capacity_shares(self.headroom))
+    def shares(self) -> FloatArray:
+        """O x 3: the share of each option's capacity (cpu, memory, GPUs) the program may fill
+        (feasibility.capacity_shares): all of it on cloud pools of GPU nodes
+        (feasibility.bought_for_gpus), else the policy's headroom for cpu and memory."""
+        gpu_node = (self.table.node[:, 2] > 0) & ~self.table.fixed
+        out: FloatArray = np.where(gpu_node[:, None],
+                                   np.array(capacity_shares(self.headroom, gpu_node=True)),
+                                   np.array(capacity_shares(self.headroom)))
+        return out.reshape(len(self.options), 3)
 
     def option_node(self) -> FloatArray:
         """O x 3 allocatable per node (read-only)."""

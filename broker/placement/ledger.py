@@ -3,7 +3,8 @@
 Every policy (LP repair, greedy, traditional) places replicas through a
 `Ledger`, so every plan obeys the same hard coupling constraints:
 
-- capacity per pool and resource: usage <= headroom x (free + new_nodes x node),
+- capacity per pool and resource: usage <= share x (free + new_nodes x node), the share
+  the candidate set's (`CandidateSet.shares`: the headroom, or all of a cloud GPU node);
   new_nodes <= can_add_nodes (free clipped at 0);
 - provider quota per cluster: vCPUs / GPUs of new nodes <= quota headroom
   (`candidates.OptionTable.quota`, a stale quota counts at a fraction);
@@ -128,7 +129,7 @@ class Ledger:
         self._stale: set[int] = set()  # options whose _usage row lags _use_l
         self.new_nodes = np.zeros(n_o, dtype=np.int64)
         self._new_l: list[int] = [0] * n_o  # new_nodes' mirror, kept in step by _grow
-        self.h = cs.headroom_vec()
+        self.h = cs.shares()  # O x 3
         self.cluster_of: Sequence[str] = cs.table.cluster_of if len(cs.table.cluster_of) == \
             n_o else [o.cluster.name for o in cs.options]
         self.quota_left: dict[str, list[float | None]] = {
@@ -155,7 +156,7 @@ class Ledger:
         self._free_l: Sequence[Sequence[float]] = cs.table.free_rows if shared \
             else self.free.tolist()
         self._use_l: list[list[float]] = [[0.0, 0.0, 0.0] for _ in range(n_o)]
-        self._h_l: list[float] = self.h.tolist()
+        self._h_l: list[list[float]] = self.h.tolist()
         self._dem_l: list[list[float]] = cs.demand.tolist()
         self._rep_l: list[int] = cs.replicas.tolist()
         self._placed: list[int] = [0] * len(cs.workloads)
@@ -211,7 +212,7 @@ class Ledger:
     def one_fits(self, i: int, o: int, nodes: int) -> bool:
         """Whether one more replica of workload i fits pool o by capacity, were `nodes` new
         nodes added there (explain.why_not: can_add for capacity, node_cap for quota)."""
-        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
+        h, free, node, use = self._h_l[o], self._free_l[o], self._node_l[o], self._use_l[o]
         d = self._dem_l[i]
         return all(h[r] * (free[r] + nodes * node[r]) - use[r] >= d[r] - 1e-9
                    for r in range(3))
@@ -222,7 +223,7 @@ class Ledger:
         n = self._new_l[o]
         if n <= 0:
             return 0.0
-        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
+        h, free, node, use = self._h_l[o], self._free_l[o], self._node_l[o], self._use_l[o]
         fill = 0.0
         for r in range(3):
             if node[r] > 0 and h[r] > 0:
@@ -253,10 +254,10 @@ class Ledger:
             self._room_all_stale = False
             self._room_stale.clear()
         elif self._room_stale:
-            h, room = self._h_l, self._room
+            hs, room = self._h_l, self._room
             for o in self._room_stale:
-                nc, free, node, use = self.node_cap(o), self._free_l[o], self._node_l[o], \
-                    self._use_l[o]
+                nc, free, node, use, h = self.node_cap(o), self._free_l[o], self._node_l[o], \
+                    self._use_l[o], hs[o]
                 room[o] = [h[r] * (free[r] + nc * node[r]) - use[r] for r in range(3)]
             self._room_stale.clear()
         return self._room
@@ -271,7 +272,7 @@ class Ledger:
             return 0
         spec = cs.workloads[i].spec
         n_cap = self.node_cap(o)
-        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
+        h, free, node, use = self._h_l[o], self._free_l[o], self._node_l[o], self._use_l[o]
         d = self._dem_l[i]
         for r in range(3):
             dr = d[r]
@@ -313,7 +314,7 @@ class Ledger:
     def _nodes_needed(self, o: int) -> int:
         """New nodes pool o needs for what is placed on it: capacity and GPU sets."""
         need = 0
-        h, free, node, use = self._h_l, self._free_l[o], self._node_l[o], self._use_l[o]
+        h, free, node, use = self._h_l[o], self._free_l[o], self._node_l[o], self._use_l[o]
         for r in range(3):
             if node[r] > 0 and h[r] > 0:
                 lack = use[r] / h[r] - free[r]

@@ -9,8 +9,9 @@ cluster of o; R = {cpu, memory, gpu}.
 Data: R_w replicas; d_{w,r} per-replica demand; c_{w,o} per-replica cost =
 compute + egress + latency + bias (candidates.py); P_w unplaced penalty per
 replica (ledger.unplaced_penalty: > every option's cost, x priority factor);
-h_r headroom (the policy's ratio for cpu and memory; 1 for GPUs, which are
-whole devices and never overcommitted); F_{o,r} free capacity (clipped at 0);
+h_{o,r} headroom (feasibility.capacity_shares: the policy's ratio for cpu and memory, 1
+for GPUs, which are whole devices and never overcommitted; 1 for every resource of a cloud
+pool of GPU nodes, which are bought for their GPUs); F_{o,r} free capacity (clipped at 0);
 N_{o,r} allocatable per node; f_o the fixed charge of opening one node of o (the
 packing model, candidates.node_charges: price x (boot + idle timer + max(billing minimum,
 min(horizon, longest work on o)))), less the share the forecast arrivals would pay
@@ -27,7 +28,7 @@ workload (weighted.py; clusters without one are infeasible for w).
 
     min  Σ_w Σ_{o∈C(w)} c_{w,o} x_{w,o} + Σ_w P_w u_w + Σ_o max(f_o, ε) n_o
     s.t. Σ_{o∈C(w)} x_{w,o} + u_w = R_w                          ∀w      (demand)
-         Σ_w d_{w,r} x_{w,o} - h_r N_{o,r} n_o ≤ h_r F_{o,r}           ∀o,r    (capacity)
+         Σ_w d_{w,r} x_{w,o} - h_{o,r} N_{o,r} n_o ≤ h_{o,r} F_{o,r}   ∀o,r    (capacity)
          Σ_{o: cl(o)=c} N_{o,r} n_o ≤ Q_{c,r}                      ∀c,r∈{cpu,gpu} (quota)
          Σ_{w∈t} Σ_o p_{w,o} x_{w,o} ≤ B_t                         ∀t      (budget)
          Σ_o p_{w,o} x_{w,o} ≤ B_w                                 ∀w      (budget)

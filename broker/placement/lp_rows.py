@@ -70,11 +70,11 @@ def fit_bounds(cs: CandidateSet, x_w: IntArray, x_o: IntArray, used_opts: IntArr
     one GPU free. Where it does not bind, the column stays unbounded (x <= R
     is implied, and an explicit copy would only make the demand duals degenerate).
     """
-    hv = cs.headroom_vec()
+    hv = cs.shares()
     node = cs.option_node()
     most = np.zeros((len(cs.options), 3))
     used = np.asarray(used_opts, dtype=np.int64)
-    most[used] = hv * (np.maximum(cs.table.free[used], 0.0) + node_hi[:, None] * node[used])
+    most[used] = hv[used] * (np.maximum(cs.table.free[used], 0.0) + node_hi[:, None] * node[used])
     d = cs.demand[x_w]
     with np.errstate(divide="ignore", invalid="ignore"):
         exact = np.where(d > 0, most[x_o] / np.where(d > 0, d, 1.0), np.inf).min(axis=1)
@@ -92,7 +92,7 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
     Rows are numbered option by option (in `used_opts` order), resource by resource; their
     coefficients are built for all rows at once (this runs every epoch, ~600 rows).
     """
-    hv = cs.headroom_vec()
+    hv = cs.shares()
     out: dict[tuple[int, int], int] = {}
     node = cs.option_node()
     used = np.asarray(used_opts, dtype=np.int64)
@@ -104,7 +104,7 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
     opt_list, res_list = opt_k.tolist(), rr.tolist()
     out.update(zip(zip(opt_list, res_list, strict=True), row_of[kk, rr].tolist(), strict=True))
     rows.lo.extend([-math.inf] * kk.size)
-    rows.hi.extend((hv[rr] * np.maximum(0.0, cs.table.free[opt_k, rr])).tolist())
+    rows.hi.extend((hv[opt_k, rr] * np.maximum(0.0, cs.table.free[opt_k, rr])).tolist())
     names = cs.table.capacity_names
     if len(names) == len(cs.options):  # made once per Cluster value (candidates.py)
         rows.names.extend(map(operator.getitem, map(names.__getitem__, opt_list), res_list))
@@ -122,11 +122,11 @@ def capacity_rows(cs: CandidateSet, rows: Rows, x_w: IntArray, x_o: IntArray,
         rows.r.append(row_of[ks[on], r])
         rows.c.append(cols[on].astype(np.int64))
         rows.v.append(np.asarray(cs.demand[x_w[cols[on]], r], dtype=np.float64))
-    # - h[r] node[o,r] n_o of each row
+    # - h[o,r] node[o,r] n_o of each row
     rows.r.append(row_of[kk, rr])
     n_col = np.array([n_col_of[o] for o in used.tolist()], dtype=np.int64)
     rows.c.append(n_col[kk])
-    rows.v.append(np.asarray(-hv[rr] * node[used[kk], rr], dtype=np.float64))
+    rows.v.append(np.asarray(-hv[opt_k, rr] * node[opt_k, rr], dtype=np.float64))
     return out
 
 

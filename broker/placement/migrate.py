@@ -438,7 +438,7 @@ class _Room:
     def __init__(self, cs: CandidateSet, placed: Mapping[Pair, tuple[float, float, int]]
                  ) -> None:
         self.cs = cs
-        head = cs.headroom_vec()
+        head = cs.shares()
         self.head = head
         self.node = cs.option_node()
         cap = np.array([[o.pool.provisioned.cpu, o.pool.provisioned.memory_gib,
@@ -460,7 +460,7 @@ class _Room:
         add = 0
         for r in range(3):
             if short[r] > 1e-9:
-                per = self.node[o, r] * self.head[r]
+                per = self.node[o, r] * self.head[o, r]
                 if per <= 0:
                     return None
                 add = max(add, math.ceil(short[r] / per - 1e-9))
@@ -468,6 +468,6 @@ class _Room:
             return None
         if dry:
             return add
-        self.free[o] += add * self.node[o] * self.head - need
+        self.free[o] += add * self.node[o] * self.head[o] - need
         self.can_add[o] -= add
         return add

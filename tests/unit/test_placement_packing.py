@@ -390,3 +390,44 @@ def test_the_share_arrivals_pay_is_half_of_the_room_they_would_fill() -> None:
     flood = snapshot((ONE_GPU_JOB,), clusters=_g5(), demand={("il", "g5.12xlarge"):
                                                              (0.0, 1.0)})
     assert charges(flood, True)[1] == pytest.approx(charges(flood, False)[1] * (1 - 0.375))
+
+
+def _gpu_cloud(*, nodes: int = 0) -> tuple[Cluster, ...]:
+    """One cloud with one pool of 8-GPU, 96-vCPU nodes (GPU_NODE)."""
+    return (Cluster(name="gpu", provider="aws", region="us-east-1",
+                    pools=(pool("p5", price=98.3, nodes=nodes, max_nodes=4, node=GPU_NODE,
+                                gpu_model="H100"),)),)
+
+
+def test_a_gpu_job_asking_most_of_a_nodes_vcpus_opens_one_node_not_two() -> None:
+    """An 8-GPU job asking 88 of a 96-vCPU node's vCPUs fits one node; at the default
+    headroom of 0.9 on cpu the plan ordered two (88 / 0.9 > 96) and the second idled to its
+    timer (feasibility.capacity_shares: all of a cloud GPU node may be filled)."""
+    job = workload("train", kind=WorkloadKind.TRAIN, cpu=88.0, mem=320.0, gpu=8,
+                   duration_s=3600.0)
+    plan = plan_epoch(snapshot((job,), clusters=_gpu_cloud()), ACTION, PACKING)
+    assert plan.unplaced == {}
+    assert ACTION.headroom < 88.0 / 96.0
+    assert [(s.pool, s.add_nodes) for s in plan.scale] == [("p5", 1)]
+
+
+def test_eight_one_gpu_jobs_fill_one_eight_gpu_node() -> None:
+    """Eight one-GPU jobs asking 11 vCPUs each (88 of 96) go on the one running node's 8
+    free GPUs; at 0.9 of its vCPUs (86.4) only 7 fit and a second node was ordered."""
+    jobs = tuple(workload(f"j{i}", kind=WorkloadKind.TRAIN, cpu=11.0, mem=64.0, gpu=1,
+                          duration_s=3600.0) for i in range(8))
+    plan = plan_epoch(snapshot(jobs, clusters=_gpu_cloud(nodes=1)), ACTION, PACKING)
+    assert plan.unplaced == {}
+    assert sum(p.placed_replicas for p in plan.placements) == 8
+    assert plan.scale == ()
+
+
+def test_cpu_pools_and_fixed_sites_keep_the_headroom() -> None:
+    """The full share is for cloud GPU nodes only: a CPU pool and an edge site's GPU server
+    keep the policy's ratio on cpu and memory."""
+    cs = build_candidates(snapshot((workload("a"),)), ACTION, k=4, service_horizon_h=1.0)
+    shares = {(o.cluster.name, o.pool.name): tuple(cs.shares()[o.index]) for o in cs.options}
+    h = ACTION.headroom
+    assert shares[("aws-use1", "p4d")] == (1.0, 1.0, 1.0)
+    assert shares[("aws-use1", "m5")] == (h, h, 1.0)
+    assert shares[("edge-nyc", "edge")] == (h, h, 1.0)

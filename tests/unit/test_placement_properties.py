@@ -29,6 +29,7 @@ from broker.domain import (
     WorkloadKind,
     WorkloadSpec,
 )
+from broker.placement.feasibility import bought_for_gpus
 from broker.placement.planner import FULL_NODE_POLICIES, EpochPlan, PlannerConfig, plan_epoch
 from providers.geo import estimate_rtt_ms
 
@@ -168,8 +169,10 @@ def check_hard_constraints(snap: FederationSnapshot, plan: EpochPlan, headroom: 
         n = scale.get((cname, pname), 0)
         assert n <= pool.can_add_nodes
         free = pool.free
-        caps = (headroom * (max(0.0, free.cpu) + n * pool.node.cpu),
-                headroom * (max(0.0, free.memory_gib) + n * pool.node.memory_gib),
+        # The policy's headroom on cpu and memory; all of a cloud GPU node (capacity_shares).
+        h = 1.0 if bought_for_gpus(by_name[cname], pool) else headroom
+        caps = (h * (max(0.0, free.cpu) + n * pool.node.cpu),
+                h * (max(0.0, free.memory_gib) + n * pool.node.memory_gib),
                 max(0, free.gpu) + n * pool.node.gpu)
         for used, cap in zip(u, caps, strict=True):
             assert used <= cap + 1e-6, f"capacity of {cname}/{pname}: {used} > {cap}"
