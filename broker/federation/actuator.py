@@ -11,7 +11,15 @@ on what it acts on) and moves each one step on:
   then keep the order open until the nodes appear in the driver's inventory, when the pool's
   registered node count is raised to match (`order_timeout_s`: never seen -> failed). While it
   is open the placement loop counts the ordered nodes (placement/commitments.py).
-- **scale_in** (`PoolScaleIn`): remove the named nodes (empty ones only) the same way.
+- **scale_in** (`PoolScaleIn`): remove the named nodes (empty ones only) the same way. A
+  consolidation (reason `consolidate`: the planner's drains of under-used nodes,
+  placement/consolidate.py) first drains them, as `kubectl drain` does: the workloads the
+  driver's inventory shows there are stopped on every cluster (a gang restarts whole) and sent
+  back to pending (`workload.consolidated`), and the next epoch places them again; the
+  decision is refused, and nothing stopped, when any of them is not restartable (a service,
+  or a job that has not accepted being stopped: consolidate.restartable) or the cluster has
+  no driver to say what runs there. Through a cloud node group (`attrs.scaling`) the provider
+  picks which instances go when the count drops, as for idle scale-in.
 - **prewarm** of images and data: `PrewarmingDriver.prewarm` (a pre-pull DaemonSet and
   data-copy Jobs on Kubernetes, the agent's prewarm command on an edge site), then wait for
   `prewarm_done`. A driver without `Capability.PREWARM`: refused with the reason.
@@ -30,18 +38,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from broker.clock import Clock, sleep_or_stop
-from broker.errors import BrokerError
+from broker.errors import BrokerError, NotFoundError
 from broker.federation import scaling
 from broker.federation.metrics import ACTUATIONS
 from broker.federation.migration import Migrator
-from broker.federation.preempt import evict
+from broker.federation.preempt import evict, stop_replicas
+from broker.placement.consolidate import restartable
 from broker.settings import ActuatorSettings
 from broker.store import ClusterRecord, DecisionRecord, Store
 from providers.base import (
@@ -225,16 +234,73 @@ class Actuator:
     async def _scale_in(self, rec: DecisionRecord, cluster: ClusterRecord) -> Outcome:
         route = self._route(rec, cluster)
         names = [str(n) for n in rec.spec.get("nodes") or []]
+        reason = str(rec.spec.get("reason", ""))
         if route.how == "refused":
             return Outcome("refused", event="refused", error=route.reason,
                            data={"nodes": names})
+        drained: list[str] = []
+        if reason == "consolidate" and rec.step == "":
+            why = await self._unrestartable(rec.cluster, names)
+            if why:
+                return Outcome("refused", event="refused", error=why, data={"nodes": names})
+            drained = await self._drain(rec, names)
         count = await scaling.remove_nodes(route, cluster, rec.pool, names,
                                            int(rec.spec["target_nodes"]),
                                            drivers=self._drivers, accounts=self._accounts)
         async with self._store.unit() as uow:
             await uow.clusters.set_pool_usage(rec.cluster, rec.pool, nodes=count)
         return Outcome("done", event="done", data={"nodes": count, "removed": names,
-                                                   "reason": rec.spec.get("reason", "")})
+                                                   "reason": reason, "drained": drained})
+
+    async def _on_nodes(self, cluster: str, names: Sequence[str]) -> list[str] | None:
+        """Ids of the broker's workloads with replicas on the named nodes of `cluster`, from
+        its driver's inventory; None when there is no driver to ask."""
+        driver = self._drivers.get(cluster)
+        if driver is None:
+            return None
+        wanted = set(names)
+        return sorted({w for n in await driver.inventory() if n.name in wanted
+                       for w in n.workloads})
+
+    async def _unrestartable(self, cluster: str, names: Sequence[str]) -> str:
+        """Why a consolidation of the named nodes must not drain them ("" when it may): a
+        workload there that is not restartable (consolidate.restartable: a batch or training
+        job that accepts being stopped), or one the store does not know, or no driver to say
+        what runs there. The planner drains only restartable work; this holds the line when
+        the cluster changed since its snapshot."""
+        on = await self._on_nodes(cluster, names)
+        if on is None:
+            return f"cluster {cluster!r} has no driver to say what runs on {', '.join(names)}"
+        async with self._store.unit() as uow:
+            for wid in on:
+                try:
+                    w = (await uow.workloads.get(wid)).workload
+                except NotFoundError:
+                    return f"{wid} runs on {', '.join(names)} and is not a known workload"
+                if not restartable(w):
+                    return (f"{wid} ({w.spec.kind}, spot_ok={w.spec.spot_ok}) runs on "
+                            f"{', '.join(names)}: a consolidation drains only restartable "
+                            "work")
+        return ""
+
+    async def _drain(self, rec: DecisionRecord, names: Sequence[str]) -> list[str]:
+        """Stop the restartable workloads on the named nodes (every replica: a gang restarts
+        whole, as in the twin) and send them back to pending; the next epoch places them
+        again and they resume from their last checkpoint. Returns their ids."""
+        out = []
+        for wid in await self._on_nodes(rec.cluster, names) or []:
+            w = await stop_replicas(self._store, self._drivers, wid)
+            if w is None:
+                continue
+            reason = f"consolidated: node {', '.join(names)} of {rec.cluster}/{rec.pool} drained"
+            async with self._store.unit() as uow:
+                await uow.workloads.requeue(w.id, reason=reason)
+                await uow.events.append("workload.consolidated", w.id,
+                                        {"decision": rec.id, "cluster": rec.cluster,
+                                         "pool": rec.pool, "nodes": list(names)},
+                                        tenant=w.tenant)
+            out.append(wid)
+        return out
 
     # ---- prewarm --------------------------------------------------------------------------
     async def _prewarm(self, rec: DecisionRecord, now: float) -> Outcome:

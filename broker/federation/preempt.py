@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 
-from broker.domain import FederationSnapshot, Placement, WorkloadStatus
+from broker.domain import FederationSnapshot, Placement, Workload, WorkloadStatus
 from broker.placement.planner import EpochPlan
 from broker.placement.preemption import Preemption, plan_preemptions
 from broker.store import DecisionRecord, Store, UnitOfWork
@@ -49,21 +49,33 @@ async def record(uow: UnitOfWork, moves: tuple[Preemption, ...],
         for key, m in todo.items() if key not in busy])
 
 
-async def evict(store: Store, drivers: Mapping[str, ClusterDriver],
-                rec: DecisionRecord) -> tuple[str, str]:
-    """Carry out one preemption decision: (state, event)."""
-    by = str(rec.spec.get("by", ""))
+async def stop_replicas(store: Store, drivers: Mapping[str, ClusterDriver],
+                        workload_id: str) -> Workload | None:
+    """Delete a live workload's replicas on every cluster of its active placement; None, and
+    nothing done, when it is not live. The caller then requeues it (`requeue`: the next epoch
+    places it again), in the unit of work that records why: a preemption's eviction, a
+    consolidation's drain (actuator.py)."""
     async with store.unit() as uow:
-        w = (await uow.workloads.get(rec.workload_id)).workload
-        active = await uow.placements.get_active_for_workload(rec.workload_id)
+        w = (await uow.workloads.get(workload_id)).workload
+        active = await uow.placements.get_active_for_workload(workload_id)
     if w.status not in LIVE or active is None:
-        return "superseded", "superseded"
+        return None
     for cluster in sorted({a.cluster for a in active.placement.assignments}):
         driver = drivers.get(cluster)
         if driver is not None:
             await driver.delete(workload_id=w.id)
+    return w
+
+
+async def evict(store: Store, drivers: Mapping[str, ClusterDriver],
+                rec: DecisionRecord) -> tuple[str, str]:
+    """Carry out one preemption decision: (state, event)."""
+    by = str(rec.spec.get("by", ""))
     reason = (f"preempted by {by} (priority {rec.spec.get('by_priority')} > "
               f"{rec.spec.get('victim_priority')})")
+    w = await stop_replicas(store, drivers, rec.workload_id)
+    if w is None:
+        return "superseded", "superseded"
     async with store.unit() as uow:
         await uow.workloads.requeue(w.id, reason=reason)
         await uow.events.append("workload.preempted", w.id, {"by": by, "reason": reason},

@@ -313,3 +313,68 @@ async def test_idle_nodes_of_an_idle_federation_still_get_scaled_in(
     plan = await _loop(store, clock, {"big": sim}).tick()
     assert plan is not None  # idle nodes wake the planner, though nothing is pending or runs
     assert [sorted(si.nodes) for si in plan.scale_in] == [["big-cpu-0", "big-cpu-1"]]
+
+
+async def _running_on_a_node(store: Store, clock: ManualClock, spec: WorkloadSpec,  # noqa: F811
+                             ) -> tuple[str, SimulatedClusterDriver, str]:
+    """`spec` placed, dispatched and running on one node of a 3-node cluster "big": (its
+    id, the cluster's driver, the node it runs on)."""
+    await _setup(store, [_cluster("big", nodes=3)])
+    sim = _driver("big", clock, nodes=3)
+    wid = await _submit(store, spec)
+    await _loop(store, clock, {"big": sim}).tick()
+    await Dispatcher(store, {"big": sim}, clock).dispatch_once()
+    await Reconciler(store, {"big": sim}, clock).reconcile_once()
+    [node] = [n for n in sim.nodes_of("cpu") if sim.replicas_on(n)]
+    return wid, sim, node
+
+
+async def _consolidate(store: Store, clock: ManualClock, node: str) -> None:  # noqa: F811
+    plan = EpochPlan(placements=(), unplaced={}, scale=(),
+                     stats=SolveStats("heuristic", 0.0, None, None, 0.0, 0.0),
+                     scale_in=(PoolScaleIn("big", "cpu", (node,), reason="consolidate"),))
+    async with store.unit() as uow:
+        await record_decisions(uow, plan, FederationSnapshot(
+            now_s=clock.now(), clusters=(_cluster("big", nodes=3),), pending=()),
+            owners={}, tenants={})
+
+
+async def test_a_consolidation_drains_the_restartable_job_on_its_node_then_removes_it(
+        store: Store) -> None:  # noqa: F811
+    """The `lp` rule's drains (placement/consolidate.py) were carried out live as idle
+    scale-ins: the driver removes empty nodes only, so a busy node stayed and the decision
+    said done. Now the job is stopped and requeued (it resumes from its checkpoint when the
+    next epoch places it), and the emptied node goes."""
+    clock = ManualClock(1000.0)
+    job = WorkloadSpec(name="etl", kind=WorkloadKind.BATCH, image="etl", replicas=1,
+                       resources=Resources(2, 4, 0), spot_ok=True, duration_s=3600.0)
+    wid, sim, node = await _running_on_a_node(store, clock, job)
+    await _consolidate(store, clock, node)
+    await Actuator(store, {"big": sim}, clock).act_once()
+    assert node not in sim.nodes_of("cpu")
+    assert len(sim.nodes_of("cpu")) == 2
+    async with store.unit() as uow:
+        got = await uow.workloads.get(wid)
+        [d] = await uow.decisions.list(kind="scale_in")
+    assert got.workload.status is WorkloadStatus.PENDING
+    assert got.message.startswith("consolidated: node big-cpu-")
+    assert d.state == "done"
+    [(_, done)] = await _events(store, "scale_in.")
+    assert (done["removed"], done["drained"]) == ([node], [wid])
+    assert [k for k, _ in await _events(store, "workload.consolidated")] == \
+        ["workload.consolidated"]
+
+
+async def test_a_consolidation_never_drains_a_service(store: Store) -> None:  # noqa: F811
+    """A node that runs a service is refused whole: nothing is stopped or removed."""
+    clock = ManualClock(1000.0)
+    wid, sim, node = await _running_on_a_node(store, clock, _web("web", 1))
+    await _consolidate(store, clock, node)
+    await Actuator(store, {"big": sim}, clock).act_once()
+    assert node in sim.nodes_of("cpu")
+    assert sim.replicas_on(node)
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.RUNNING
+        [d] = await uow.decisions.list(kind="scale_in")
+    assert d.state == "refused"
+    assert "drains only restartable work" in d.last_error
