@@ -230,7 +230,8 @@ def fixed_weights() -> dict[str, float]:
     and whether the prewarm forecast nets out released capacity (`decision.net_forecast`),
     and whether new nodes' charges count the forecast arrivals that would fill them
     (`decision.fill_forecast`), and whether a "better" move counts the nodes it frees
-    (`decision.migrate_freed_nodes`),
+    (`decision.migrate_freed_nodes`), and whether lp's drains may count a new node of a
+    cheaper pool as the receiver (`decision.consolidate_replace`),
     and whether the observation's forecast features do (`observation.net_forecast`).
     """
     cfg = DecisionConfig()
@@ -243,6 +244,7 @@ def fixed_weights() -> dict[str, float]:
     out["decision.net_forecast"] = float(cfg.net_forecast)
     out["decision.fill_forecast"] = float(cfg.fill_forecast)
     out["decision.migrate_freed_nodes"] = float(cfg.migrate_freed_nodes)
+    out["decision.consolidate_replace"] = float(cfg.consolidate_replace)
     out["observation.net_forecast"] = float(OBSERVE_NET_FORECAST)
     return out
 

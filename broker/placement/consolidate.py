@@ -60,9 +60,14 @@ them.
   nodes the pool's prewarm forecast needs (`decisions.forecast_floor`: a node drained now
   would be ordered back); the receiver is the one whose paid time the move extends least
   (then best fit), its room is then taken, and a receiver is not drained in the same epoch
-  (`_lp_cluster`). The policy may move the 0.5 threshold per cluster
-  (`PolicyAction.consolidate_below`: when to consolidate; 0 never drains); the restart
-  condition (2) holds whatever it says.
+  (`_lp_cluster`). Where no running node can take the work, the receiver may be a new node
+  of a cheaper pool of the cluster (Karpenter's replace, `_replacement`: it takes all the
+  node's requests, its workloads tolerate it, the pool and quota can add it), charged its
+  price over the boot and the moved work's hours, plus the work's run rate over the boot
+  (break-before-make: the drained work is placed again by the next epoch, which may choose
+  any option; `DecisionConfig.consolidate_replace`). The policy may move the 0.5 threshold
+  per cluster (`PolicyAction.consolidate_below`: when to consolidate; 0 never drains); the
+  restart condition (2) holds whatever it says.
 
 For karpenter and traditional, "fit" is checked on the aggregate free room of the receivers
 (CPU, memory, GPUs) and the largest free GPU set of one receiver for the node's GPUs: the
@@ -90,6 +95,7 @@ from broker.domain import (
     WorkloadKind,
 )
 from broker.placement import durations
+from broker.placement.candidates import NODE_BOOT_S
 from broker.placement.feasibility import gpu_class, sets_per_new_node
 from broker.placement.kinds import NodeReplace, PoolScaleIn
 
@@ -240,6 +246,12 @@ class _LpRule:
         return sum((rate[w] if w in rate else share_rate(specs[w], p))
                    * lost_work_s(now - specs[w].submitted_s) for w in n.workloads) / 3600.0
 
+    def run_rate(self, n: NodeState, p: Pool) -> float:
+        """USD/h of `n`'s workloads together: what each hour they wait stopped costs."""
+        rate = self.rate()
+        specs = self.snapshot.workloads
+        return sum(rate[w] if w in rate else share_rate(specs[w], p) for w in n.workloads)
+
     def saving_usd(self, n: NodeState, p: Pool) -> float:
         """The node's price over the hours its longest job still has (at most the objective
         horizon): what removing it now saves if its work costs nothing elsewhere."""
@@ -282,7 +294,8 @@ def share_rate(w: Workload, p: Pool) -> float:
 
 def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset[str],
                 skip: frozenset[Pair] | set[Pair],
-                floor: Callable[[Cluster, Pool], int] | None = None) -> list[PoolScaleIn]:
+                floor: Callable[[Cluster, Pool], int] | None = None, *,
+                replace: bool = True) -> list[PoolScaleIn]:
     """Nodes of one cluster the `lp` rule drains (module docstring), under `threshold` use.
 
     A candidate's requests must fit whole on one receiver: a usable node of a pool of the
@@ -319,6 +332,7 @@ def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset
     kept: set[tuple[str, str]] = set()  # receivers: never drained in the same epoch
     specs = rule.snapshot.workloads
     caps: dict[str, int] = {}
+    quota = _Quota(c) if replace else None  # the new nodes replacements would take
     for n, p in cands:
         picked = chosen.setdefault(p.name, [])
         cap = caps.get(p.name)
@@ -338,6 +352,22 @@ def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset
                 and n.cpu_allocated <= room[0] + 1e-9 and n.memory_allocated_gib <= room[1]
                 + 1e-9 and gpu_used <= room[2] and gpu_used <= room[3]]
         if not fits:
+            # No running node takes it: a new node of a cheaper pool may (Karpenter's
+            # replace), paid for the moved work's hours and its boot, which the work waits.
+            if quota is None:
+                continue
+            target = _replacement(c, p, n, wls, quota)
+            if target is None:
+                continue
+            boot_h = (target.boot_s if target.boot_s is not None else NODE_BOOT_S) / 3600.0
+            moved_h = boot_h + rule.left_h(n, p) + rule.lost_h(n)
+            cost = target.price_usd_per_hour * min(SAVING_HORIZON_H, moved_h) \
+                + rule.run_rate(n, p) * boot_h
+            if rule.saving_usd(n, p) <= cost + rule.restart_usd(n, p) + 1e-9:
+                continue
+            quota.take(target)
+            free.pop((p.name, n.name), None)
+            picked.append(n.name)
             continue
         # The receiver whose paid time the move extends least (one whose own work outlasts
         # the moved work costs nothing more), then best fit (least free vCPU).
@@ -363,13 +393,16 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
                    below: Mapping[str, float] | None = None,
                    removing: Sequence[PoolScaleIn] = (),
                    floor: Callable[[Cluster, Pool], int] | None = None,
+                   replace: bool = True,
                    ) -> tuple[PoolScaleIn, ...]:
     """PoolScaleIn(reason="consolidate") of non-empty nodes for `policy` (module docstring);
     () for policies without such a rule. Pools in `skip` (growing this epoch) are left.
     `below`: the `lp` rule's utilisation threshold per cluster (PolicyAction.consolidate_below;
     missing clusters: CA_UTILIZATION_THRESHOLD). `removing`: this epoch's other scale-ins
     (the idle nodes going): their nodes receive nothing. `floor`: the nodes each pool keeps
-    whatever the `lp` rule says (decisions.forecast_floor: what the forecast needs)."""
+    whatever the `lp` rule says (decisions.forecast_floor: what the forecast needs).
+    `replace`: the `lp` rule may drain a node no running node can take the work of onto a
+    new node of a cheaper pool (DecisionConfig.consolidate_replace)."""
     if policy not in ("karpenter", "traditional", "lp"):
         return ()
     gone = frozenset(n for si in removing for n in si.nodes)
@@ -381,7 +414,7 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
             continue
         if rule is not None:
             out += _lp_cluster(c, rule, (below or {}).get(c.name, CA_UTILIZATION_THRESHOLD),
-                               gone, skip, floor)
+                               gone, skip, floor, replace=replace)
             continue
         drains = CA_MAX_DRAIN  # Cluster Autoscaler drains one non-empty node per cluster
         for p in c.pools:

@@ -131,6 +131,11 @@ class DecisionConfig:
     # (migrate._freed_nodes). False: the replicas' shares alone, the rule before 2026-12-07,
     # which left one replica alone on an on-demand node for hours.
     migrate_freed_nodes: bool = True
+    # lp's drain of an under-used node whose work no running node can take may count a new
+    # node of a cheaper pool of its cluster as the receiver (Karpenter's replace; the work is
+    # placed again by the next epoch, consolidate.py). False: running receivers only, the
+    # rule before 2026-12-07, which kept an 8-GPU node up for hours for half its GPUs' work.
+    consolidate_replace: bool = True
     # A "better" move must also save at least this much per hour (a restart is not worth
     # cents), and at most this fraction of the running workloads (at least one) moves for
     # "better" per epoch: a disruption budget, as Karpenter's default `budgets: nodes: 10%`.

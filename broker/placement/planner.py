@@ -372,7 +372,8 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
                               forecast=policy in PREWARM_POLICIES, memo=memo)
     drains = consolidate.consolidations(
         snapshot, policy, growing, below=action.consolidate_below, removing=idle,
-        floor=decisions.forecast_floor(snapshot, placed, action, cfg) if policy == "lp" else None)
+        floor=decisions.forecast_floor(snapshot, placed, action, cfg) if policy == "lp" else None,
+        replace=cfg.consolidate_replace)
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves, scale_in=idle + drains,

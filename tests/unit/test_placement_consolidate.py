@@ -153,7 +153,9 @@ def test_lp_moves_a_lone_job_to_another_pools_free_room_that_it_tolerates() -> N
     assert consolidations(world(wide), "lp") == ()
     a100 = workload("a100", kind=WorkloadKind.BATCH, duration_s=7200.0, gpu_model="A100")
     assert consolidations(world(a100), "lp") == ()
-    assert consolidations(world(_job("lone"), receiver_free=0.5), "lp") == ()
+    # Without room on a running node it stays, unless a new node of a cheaper pool may
+    # take it (test_lp_drains_onto_a_new_node_of_a_cheaper_pool_when_no_running_node_can).
+    assert consolidations(world(_job("lone"), receiver_free=0.5), "lp", replace=False) == ()
 
 
 def test_lp_never_moves_two_nodes_into_the_same_free_room() -> None:
@@ -175,7 +177,9 @@ def test_lp_never_moves_two_nodes_into_the_same_free_room() -> None:
                 pools=(lone("a", j1), lone("b", j2), m))
     snap = dataclasses.replace(snapshot((), clusters=(c,)),
                                workloads={w.id: w for w in (j1, j2, j3)})
-    assert _names(consolidations(snap, "lp")) == ["a0"]
+    assert _names(consolidations(snap, "lp", replace=False)) == ["a0"]
+    # With replacements, b0's job may go to the one node pool "m" can still add.
+    assert _names(consolidations(snap, "lp")) == ["a0", "b0"]
 
 
 def test_lp_never_moves_work_onto_a_node_that_would_then_outlive_its_own_work() -> None:
@@ -367,3 +371,31 @@ def test_nodes_drained_in_one_epoch_do_not_share_the_same_free_room() -> None:
     # budget would allow two).
     plan = consolidations(_world([1.0, 1.0, 3.0] + [4.0] * 8), "karpenter")  # type: ignore[arg-type]
     assert _names(plan) == ["n0"]
+
+
+def test_lp_drains_onto_a_new_node_of_a_cheaper_pool_when_no_running_node_can() -> None:
+    """An 8-GPU node (24 USD/h) runs one 2-GPU job with 2 h left, and no running node has 2
+    GPUs free: the rule kept the node up for the job's 2 h (before 2026-12-07). A 4-GPU pool
+    at 8 USD/h may add a node: the drain saves 24 USD over the hour counted against 8 USD
+    for that node and the job's lost work and wait, so the node is drained (the next epoch
+    places the job again). Not when the cheaper pool can add no node, nor when the job
+    needs what that pool lacks, nor when the rule is off."""
+    def world(*, can_add: bool = True, model: str | None = None) -> FederationSnapshot:
+        job = workload("train", kind=WorkloadKind.TRAIN, cpu=20.0, mem=150.0, gpu=2,
+                       duration_s=7200.0, spot_ok=True, gpu_model=model)
+        big = dataclasses.replace(
+            pool("p8", price=24.0, nodes=1, max_nodes=2, node=Resources(96, 1152, 8),
+                 gpu_model="A100"),
+            node_states=(NodeState(name="b0", cpu_allocated=20.0, memory_allocated_gib=150.0,
+                                   gpu_free=6, largest_free_gpu_set=6,
+                                   workloads=(job.id,)),),
+            used=Resources(20.0, 150.0, 2))
+        small = pool("p4", price=8.0, nodes=0, max_nodes=2 if can_add else 0,
+                     node=Resources(48, 384, 4), gpu_model="T4")
+        c = Cluster(name="c", provider="aws", region="us-east-1", pools=(big, small))
+        return dataclasses.replace(snapshot((), clusters=(c,)), workloads={job.id: job})
+
+    assert _names(consolidations(world(), "lp")) == ["b0"]
+    assert consolidations(world(), "lp", replace=False) == ()
+    assert consolidations(world(can_add=False), "lp") == ()
+    assert consolidations(world(model="A100"), "lp") == ()
