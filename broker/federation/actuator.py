@@ -238,12 +238,17 @@ class Actuator:
         if route.how == "refused":
             return Outcome("refused", event="refused", error=route.reason,
                            data={"nodes": names})
-        drained: list[str] = []
-        if reason == "consolidate" and rec.step == "":
+        drained = [str(w) for w in rec.spec.get("drained") or []]
+        if reason == "consolidate" and rec.step != "drained":
             why = await self._unrestartable(rec.cluster, names)
             if why:
                 return Outcome("refused", event="refused", error=why, data={"nodes": names})
             drained = await self._drain(rec, names)
+            # Recorded before the removal: a pass that retries it must not drain the nodes
+            # again (the next epoch may have placed work there meanwhile).
+            async with self._store.unit() as uow:
+                await uow.decisions.set_state(rec.id, "running", step="drained",
+                                              spec={"drained": drained})
         count = await scaling.remove_nodes(route, cluster, rec.pool, names,
                                            int(rec.spec["target_nodes"]),
                                            drivers=self._drivers, accounts=self._accounts)

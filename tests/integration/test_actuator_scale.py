@@ -33,6 +33,7 @@ from broker.placement.planner import EpochPlan, PoolScale, PoolScaleIn, SolveSta
 from broker.settings import ActuatorSettings, PlacementSettings, SnapshotSettings
 from broker.store import ClusterRecord, Store
 from providers.base import ClusterDriver
+from providers.errors import TransientError
 from providers.simulated import SimPool, SimulatedClusterDriver
 from tests.integration.test_placement_loop import store  # noqa: F401  (fixture)
 
@@ -378,3 +379,44 @@ async def test_a_consolidation_never_drains_a_service(store: Store) -> None:  # 
         [d] = await uow.decisions.list(kind="scale_in")
     assert d.state == "refused"
     assert "drains only restartable work" in d.last_error
+
+
+async def test_a_consolidation_retried_after_a_failed_removal_does_not_drain_again(
+        store: Store) -> None:  # noqa: F811
+    """The drain is recorded before the removal: when the removal fails and the decision is
+    tried again, the work the next epoch placed back on the emptied node is left running."""
+    clock = ManualClock(1000.0)
+    job = WorkloadSpec(name="etl", kind=WorkloadKind.BATCH, image="etl", replicas=1,
+                       resources=Resources(2, 4, 0), spot_ok=True, duration_s=3600.0)
+    wid, sim, node = await _running_on_a_node(store, clock, job)
+    await _consolidate(store, clock, node)
+    remove = sim.remove_nodes
+    calls: list[Sequence[str]] = []
+
+    async def fail_once(*, pool: str, nodes: Sequence[str]) -> int:
+        calls.append(nodes)
+        if len(calls) == 1:
+            raise TransientError("throttled", provider="simulated")
+        return await remove(pool=pool, nodes=nodes)
+
+    sim.remove_nodes = fail_once  # type: ignore[method-assign]
+    act = Actuator(store, {"big": sim}, clock,
+                   settings=ActuatorSettings(retries=1, backoff_s=10, max_attempts=3))
+    await act.act_once()
+    async with store.unit() as uow:
+        [d] = await uow.decisions.list_open(kinds=("scale_in",))
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.PENDING
+    assert (d.step, d.spec["drained"], d.attempts) == ("drained", [wid], 1)
+    # The next epoch places the job again, on the emptied node (the first with room).
+    await _loop(store, clock, {"big": sim}).tick()
+    await Dispatcher(store, {"big": sim}, clock).dispatch_once()
+    await Reconciler(store, {"big": sim}, clock).reconcile_once()
+    assert sim.replicas_on(node)
+    clock.advance(10)
+    await act.act_once()
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(wid)).workload.status is WorkloadStatus.RUNNING
+        [d] = await uow.decisions.list(kind="scale_in")
+    assert d.state == "done"
+    assert node in sim.nodes_of("cpu")  # not empty: the driver keeps it
+    assert len(calls) == 2
