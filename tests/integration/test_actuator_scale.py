@@ -420,3 +420,63 @@ async def test_a_consolidation_retried_after_a_failed_removal_does_not_drain_aga
     assert d.state == "done"
     assert node in sim.nodes_of("cpu")  # not empty: the driver keeps it
     assert len(calls) == 2
+
+
+async def test_the_live_loop_drains_a_lone_job_off_a_dear_node_and_places_it_again(
+        store: Store) -> None:  # noqa: F811
+    """The whole loop, live: lp's consolidation rule sees (from the polled inventory) a
+    restartable job alone on a 3 USD/h node while a 0.2 USD/h node has room; the epoch's plan
+    drains the dear node, the actuator stops and requeues the job and removes the node, and
+    the next epoch places the job on the cheap node."""
+    clock = store.clock
+    assert isinstance(clock, ManualClock)
+    small = Pool(name="small", instance_type="m5.xlarge", node=Resources(4, 16, 0), nodes=1,
+                 max_nodes=1, price_usd_per_hour=0.2)
+    big = Pool(name="big", instance_type="m5.4xlarge", node=Resources(16, 64, 0), nodes=1,
+               max_nodes=1, price_usd_per_hour=3.0)
+    cluster = Cluster(name="mix", provider="aws", region="us-east-1", pools=(small, big),
+                      lat=38.9, lon=-77.4)
+    await _setup(store, [cluster])
+    sim = SimulatedClusterDriver("mix", [SimPool(name="small", nodes=1, cpu_per_node=4,
+                                                 memory_gib_per_node=16),
+                                         SimPool(name="big", nodes=1, cpu_per_node=16,
+                                                 memory_gib_per_node=64)],
+                                 clock=clock.now, boot_s=BOOT_S)
+    drivers: dict[str, ClusterDriver] = {"mix": sim}
+    loop = _loop(store, clock, drivers)
+    dispatch = Dispatcher(store, drivers, clock)
+    reconcile = Reconciler(store, drivers, clock)
+    poller = InventoryPoller(store, drivers, clock)
+
+    async def epoch() -> EpochPlan:
+        await poller.poll_once()
+        plan = await loop.tick()
+        assert plan is not None
+        await dispatch.dispatch_once()
+        await reconcile.reconcile_once()
+        return plan
+
+    web = await _submit(store, _web("web", 1, cpu=3.5))  # fills the cheap node
+    await epoch()
+    job = await _submit(store, WorkloadSpec(
+        name="etl", kind=WorkloadKind.BATCH, image="etl", replicas=1,
+        resources=Resources(2, 4, 0), spot_ok=True, duration_s=7200.0))
+    await epoch()
+    assert sim.replicas_on("mix-big-0")
+    assert sim.replicas_on("mix-small-0")
+    async with store.unit() as uow:
+        await uow.workloads.cancel(web, tenant=None)
+    await dispatch.withdraw_once()  # deletes what was cancelled
+    assert not sim.replicas_on("mix-small-0")
+    clock.advance(60)
+    plan = await epoch()
+    assert [(s.pool, s.nodes, s.reason) for s in plan.scale_in] == \
+        [("big", ("mix-big-0",), "consolidate")]
+    await Actuator(store, drivers, clock).act_once()
+    assert sim.nodes_of("big") == []
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(job)).workload.status is WorkloadStatus.PENDING
+    await epoch()
+    assert sim.replicas_on("mix-small-0")
+    async with store.unit() as uow:
+        assert (await uow.workloads.get(job)).workload.status is WorkloadStatus.RUNNING
