@@ -93,6 +93,8 @@ class PlacementSettings(BaseModel):
     mip_gap: float = Field(default=0.01, ge=0, le=1)
     time_limit_s: float = Field(default=5.0, gt=0)
     latency_weight_usd_per_ms: float = Field(default=LATENCY_WEIGHT_USD_PER_MS, ge=0)
+    # The share of a node's vCPUs and memory the planner fills on CPU pools and fixed sites
+    # (the allocation ratio); cloud GPU nodes are filled whole (feasibility.capacity_shares).
     headroom: float = Field(default=0.9, gt=0, le=1)
     unplaced_penalty_usd: float = Field(default=1000.0, gt=0)
     # Marginal cost of fixed (edge/on-prem) sites as a fraction of their amortised price; see
