@@ -240,10 +240,11 @@ class Actuator:
                            data={"nodes": names})
         drained = [str(w) for w in rec.spec.get("drained") or []]
         if reason == "consolidate" and rec.step != "drained":
-            why = await self._unrestartable(rec.cluster, names)
-            if why:
+            on = await self._on_nodes(rec.cluster, names)
+            why = await self._unrestartable(rec.cluster, names, on)
+            if why or on is None:
                 return Outcome("refused", event="refused", error=why, data={"nodes": names})
-            drained = await self._drain(rec, names)
+            drained = await self._drain(rec, names, on)
             # Recorded before the removal: a pass that retries it must not drain the nodes
             # again (the next epoch may have placed work there meanwhile).
             async with self._store.unit() as uow:
@@ -267,13 +268,13 @@ class Actuator:
         return sorted({w for n in await driver.inventory() if n.name in wanted
                        for w in n.workloads})
 
-    async def _unrestartable(self, cluster: str, names: Sequence[str]) -> str:
+    async def _unrestartable(self, cluster: str, names: Sequence[str],
+                             on: Sequence[str] | None) -> str:
         """Why a consolidation of the named nodes must not drain them ("" when it may): a
-        workload there that is not restartable (consolidate.restartable: a batch or training
-        job that accepts being stopped), or one the store does not know, or no driver to say
-        what runs there. The planner drains only restartable work; this holds the line when
-        the cluster changed since its snapshot."""
-        on = await self._on_nodes(cluster, names)
+        workload there (`on`, `_on_nodes`) that is not restartable (consolidate.restartable:
+        a batch or training job that accepts being stopped), or one the store does not know,
+        or no driver to say what runs there (`on` None). The planner drains only restartable
+        work; this holds the line when the cluster changed since its snapshot."""
         if on is None:
             return f"cluster {cluster!r} has no driver to say what runs on {', '.join(names)}"
         async with self._store.unit() as uow:
@@ -288,16 +289,17 @@ class Actuator:
                             "work")
         return ""
 
-    async def _drain(self, rec: DecisionRecord, names: Sequence[str]) -> list[str]:
-        """Stop the restartable workloads on the named nodes (every replica: a gang restarts
+    async def _drain(self, rec: DecisionRecord, names: Sequence[str],
+                     on: Sequence[str]) -> list[str]:
+        """Stop the restartable workloads `on` the named nodes (every replica: a gang restarts
         whole, as in the twin) and send them back to pending; the next epoch places them
         again and they resume from their last checkpoint. Returns their ids."""
         out = []
-        for wid in await self._on_nodes(rec.cluster, names) or []:
+        reason = f"consolidated: node {', '.join(names)} of {rec.cluster}/{rec.pool} drained"
+        for wid in on:
             w = await stop_replicas(self._store, self._drivers, wid)
             if w is None:
                 continue
-            reason = f"consolidated: node {', '.join(names)} of {rec.cluster}/{rec.pool} drained"
             async with self._store.unit() as uow:
                 await uow.workloads.requeue(w.id, reason=reason)
                 await uow.events.append("workload.consolidated", w.id,

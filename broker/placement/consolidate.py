@@ -240,17 +240,20 @@ class _LpRule:
         """What a restart of `n`'s workloads loses: each one's whole run rate (a gang
         restarts whole) over the work it has done since its last checkpoint
         (`lost_work_s`)."""
-        rate = self.rate()
         specs = self.snapshot.workloads
         now = self.snapshot.now_s
-        return sum((rate[w] if w in rate else share_rate(specs[w], p))
-                   * lost_work_s(now - specs[w].submitted_s) for w in n.workloads) / 3600.0
+        return sum(self.rate_of(w, p) * lost_work_s(now - specs[w].submitted_s)
+                   for w in n.workloads) / 3600.0
+
+    def rate_of(self, wid: str, p: Pool) -> float:
+        """USD/h of one workload on `p`: its placement's whole run rate (a gang restarts
+        whole), or `share_rate` where the snapshot holds no price for it."""
+        rate = self.rate()
+        return rate[wid] if wid in rate else share_rate(self.snapshot.workloads[wid], p)
 
     def run_rate(self, n: NodeState, p: Pool) -> float:
         """USD/h of `n`'s workloads together: what each hour they wait stopped costs."""
-        rate = self.rate()
-        specs = self.snapshot.workloads
-        return sum(rate[w] if w in rate else share_rate(specs[w], p) for w in n.workloads)
+        return sum(self.rate_of(w, p) for w in n.workloads)
 
     def saving_usd(self, n: NodeState, p: Pool) -> float:
         """The node's price over the hours its longest job still has (at most the objective

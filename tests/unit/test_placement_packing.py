@@ -18,6 +18,7 @@ from broker.domain import (
 )
 from broker.placement import rounding
 from broker.placement.candidates import BILLING_MIN_S, NODE_BOOT_S, build_candidates
+from broker.placement.feasibility import bought_for_gpus, capacity_shares
 from broker.placement.ledger import Ledger, penalties
 from broker.placement.planner import PlannerConfig, plan_epoch
 
@@ -431,3 +432,7 @@ def test_cpu_pools_and_fixed_sites_keep_the_headroom() -> None:
     assert shares[("aws-use1", "p4d")] == (1.0, 1.0, 1.0)
     assert shares[("aws-use1", "m5")] == (h, h, 1.0)
     assert shares[("edge-nyc", "edge")] == (h, h, 1.0)
+    # The vector form and the per-pool rule SLO sizing's room count reads agree everywhere.
+    assert all(shares[(o.cluster.name, o.pool.name)]
+               == capacity_shares(h, gpu_node=bought_for_gpus(o.cluster, o.pool))
+               for o in cs.options)
