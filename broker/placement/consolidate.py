@@ -63,7 +63,8 @@ them.
   (`_lp_cluster`). Where no running node can take the work, the receiver may be a new node
   of a cheaper pool of the cluster (Karpenter's replace, `_replacement`: it takes all the
   node's requests, its workloads tolerate it, the pool and quota can add it), charged its
-  price over the boot and the moved work's hours, plus the work's run rate over the boot
+  price over its boot (as the node charge counts it: candidates.boot_estimates) and the
+  moved work's hours, plus the work's run rate over the boot
   (break-before-make: the drained work is placed again by the next epoch, which may choose
   any option; `DecisionConfig.consolidate_replace`). The policy may move the 0.5 threshold
   per cluster (`PolicyAction.consolidate_below`: when to consolidate; 0 never drains); the
@@ -95,7 +96,7 @@ from broker.domain import (
     WorkloadKind,
 )
 from broker.placement import durations
-from broker.placement.candidates import NODE_BOOT_S
+from broker.placement.candidates import NODE_BOOT_S, boot_estimates
 from broker.placement.feasibility import gpu_class, sets_per_new_node
 from broker.placement.kinds import NodeReplace, PoolScaleIn
 
@@ -197,13 +198,25 @@ def restartable(w: Workload | None) -> bool:
 
 class _LpRule:
     """What the `lp` rule reads from the snapshot, computed once per epoch (not per node):
-    the ids of restartable workloads and each running workload's run rate."""
+    the ids of restartable workloads, each running workload's run rate, and (for a new
+    receiver) each pool's boot as the node charge counts it (candidates.boot_estimates,
+    from `node_boot_s` and, with `observed_boot`, the pools' measured boots)."""
 
-    def __init__(self, snapshot: FederationSnapshot) -> None:
+    def __init__(self, snapshot: FederationSnapshot, *, node_boot_s: float = NODE_BOOT_S,
+                 observed_boot: bool = True) -> None:
         self.snapshot = snapshot
         self.movable = frozenset(wid for wid, w in snapshot.workloads.items()
                                  if restartable(w))
         self._rate: dict[str, float] | None = None
+        self._boot_args = (node_boot_s, observed_boot)
+        self._boots: dict[tuple[str, str], float] | None = None
+
+    def boot_h(self, c: Cluster, q: Pool) -> float:
+        """Hours a new node of `q` takes to boot (and is paid for before it runs anything)."""
+        if self._boots is None:
+            default, observed = self._boot_args
+            self._boots = boot_estimates(self.snapshot.clusters, default, observed=observed)
+        return self._boots.get((c.name, q.name), self._boot_args[0]) / 3600.0
 
     def rate(self) -> Mapping[str, float]:
         if self._rate is None:
@@ -362,7 +375,7 @@ def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset
             target = _replacement(c, p, n, wls, quota)
             if target is None:
                 continue
-            boot_h = (target.boot_s if target.boot_s is not None else NODE_BOOT_S) / 3600.0
+            boot_h = rule.boot_h(c, target)
             moved_h = boot_h + rule.left_h(n, p) + rule.lost_h(n)
             cost = target.price_usd_per_hour * min(SAVING_HORIZON_H, moved_h) \
                 + rule.run_rate(n, p) * boot_h
@@ -396,7 +409,8 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
                    below: Mapping[str, float] | None = None,
                    removing: Sequence[PoolScaleIn] = (),
                    floor: Callable[[Cluster, Pool], int] | None = None,
-                   replace: bool = True,
+                   replace: bool = True, node_boot_s: float = NODE_BOOT_S,
+                   observed_boot: bool = True,
                    ) -> tuple[PoolScaleIn, ...]:
     """PoolScaleIn(reason="consolidate") of non-empty nodes for `policy` (module docstring);
     () for policies without such a rule. Pools in `skip` (growing this epoch) are left.
@@ -405,12 +419,15 @@ def consolidations(snapshot: FederationSnapshot, policy: str,
     (the idle nodes going): their nodes receive nothing. `floor`: the nodes each pool keeps
     whatever the `lp` rule says (decisions.forecast_floor: what the forecast needs).
     `replace`: the `lp` rule may drain a node no running node can take the work of onto a
-    new node of a cheaper pool (DecisionConfig.consolidate_replace)."""
+    new node of a cheaper pool (DecisionConfig.consolidate_replace), whose boot counts as the
+    node charge counts it (`node_boot_s`: PlannerConfig.node_boot_s; `observed_boot`:
+    DecisionConfig.observed_boot)."""
     if policy not in ("karpenter", "traditional", "lp"):
         return ()
     gone = frozenset(n for si in removing for n in si.nodes)
     fraction = (budget or {}).get("karpenter", KARPENTER_BUDGET_FRACTION)
-    rule = _LpRule(snapshot) if policy == "lp" else None
+    rule = _LpRule(snapshot, node_boot_s=node_boot_s, observed_boot=observed_boot) \
+        if policy == "lp" else None
     out = []
     for c in snapshot.clusters:
         if c.is_edge or not c.healthy:

@@ -373,7 +373,8 @@ def with_decisions(plan: EpochPlan, snapshot: FederationSnapshot, action: Policy
     drains = consolidate.consolidations(
         snapshot, policy, growing, below=action.consolidate_below, removing=idle,
         floor=decisions.forecast_floor(snapshot, placed, action, cfg) if policy == "lp" else None,
-        replace=cfg.consolidate_replace)
+        replace=cfg.consolidate_replace, node_boot_s=config.node_boot_s,
+        observed_boot=cfg.observed_boot)
     return dataclasses.replace(
         plan, retries=decisions.retries(snapshot.pending, plan.unplaced, snapshot.now_s, cfg),
         prewarm=prewarm, migrations=moves, scale_in=idle + drains,

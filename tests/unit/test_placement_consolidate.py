@@ -379,8 +379,10 @@ def test_lp_drains_onto_a_new_node_of_a_cheaper_pool_when_no_running_node_can() 
     at 8 USD/h may add a node: the drain saves 24 USD over the hour counted against 8 USD
     for that node and the job's lost work and wait, so the node is drained (the next epoch
     places the job again). Not when the cheaper pool can add no node, nor when the job
-    needs what that pool lacks, nor when the rule is off."""
-    def world(*, can_add: bool = True, model: str | None = None) -> FederationSnapshot:
+    needs what that pool lacks, nor when the rule is off, nor when its boot (as the node
+    charge counts it) makes the wait cost more than the saving."""
+    def world(*, can_add: bool = True, model: str | None = None,
+              boot_s: float | None = None) -> FederationSnapshot:
         job = workload("train", kind=WorkloadKind.TRAIN, cpu=20.0, mem=150.0, gpu=2,
                        duration_s=7200.0, spot_ok=True, gpu_model=model)
         big = dataclasses.replace(
@@ -389,7 +391,7 @@ def test_lp_drains_onto_a_new_node_of_a_cheaper_pool_when_no_running_node_can() 
             node_states=(NodeState(name="b0", cpu_allocated=20.0, memory_allocated_gib=150.0,
                                    gpu_free=6, largest_free_gpu_set=6,
                                    workloads=(job.id,)),),
-            used=Resources(20.0, 150.0, 2))
+            used=Resources(20.0, 150.0, 2), boot_s=boot_s)
         small = pool("p4", price=8.0, nodes=0, max_nodes=2 if can_add else 0,
                      node=Resources(48, 384, 4), gpu_model="T4")
         c = Cluster(name="c", provider="aws", region="us-east-1", pools=(big, small))
@@ -399,3 +401,8 @@ def test_lp_drains_onto_a_new_node_of_a_cheaper_pool_when_no_running_node_can() 
     assert consolidations(world(), "lp", replace=False) == ()
     assert consolidations(world(can_add=False), "lp") == ()
     assert consolidations(world(model="A100"), "lp") == ()
+    # The new node's boot is the node charge's (candidates.boot_estimates): "p4" has none
+    # measured, so its provider's median, here p8's 3 h: 8 USD for the hour counted and 18
+    # USD of the job's wait (6 USD/h, its share of p8) are more than the 24 USD saved.
+    assert consolidations(world(boot_s=10800.0), "lp") == ()
+    assert _names(consolidations(world(boot_s=10800.0), "lp", observed_boot=False)) == ["b0"]
