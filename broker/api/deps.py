@@ -14,6 +14,7 @@ and no replica trusts its cache for longer than 1 s.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -27,15 +28,20 @@ MAX_ENTRIES = 10_000
 
 
 class TokenCache:
-    def __init__(self, ttl_s: float = TTL_S) -> None:
+    """Resolved tokens for `ttl_s` seconds of `clock` (monotonic seconds; tests pass
+    their own to check the expiry without waiting on a loaded machine)."""
+
+    def __init__(self, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
+        self.clock = clock
         self._entries: dict[str, tuple[Principal, float]] = {}
 
     def get(self, token: str) -> Principal | None:
         hit = self._entries.get(token)
         if hit is None:
             return None
-        if hit[1] < time.monotonic():
+        if hit[1] <= self.clock():
             del self._entries[token]
             return None
         return hit[0]
@@ -49,7 +55,7 @@ class TokenCache:
     def put(self, token: str, principal: Principal) -> None:
         if len(self._entries) >= MAX_ENTRIES:
             self._entries.clear()
-        self._entries[token] = (principal, time.monotonic() + self.ttl_s)
+        self._entries[token] = (principal, self.clock() + self.ttl_s)
 
 
 def get_runtime(request: Request) -> Runtime:
