@@ -11,7 +11,9 @@ of W workloads and O options this module computes, vectorised with numpy:
   `gpu_model`, `interconnect` (a multi-GPU replica needs one node with that
   many GPUs joined by the required interconnect), `topology` (the pool can add
   no node and its largest free NVLink-connected set is too small), `latency`
-  (RTT(user region, cluster) above the SLO, or unknown), `taints`, `affinity`
+  (RTT(user region, cluster) above the SLO, or unknown), `taints` (the cluster's, and
+  GKE's GPU taint on a GPU pool, which pods asking no GPU do not tolerate:
+  feasibility.pool_taints), `affinity`
   (cluster label selectors), `spot` (spot pool, workload not spot_ok),
   `avoid` (a workload it must avoid already runs in that cluster); for a workload with
   `replicaSplit: weighted`, `weighted` counts the options of feasible clusters that get no

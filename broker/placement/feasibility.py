@@ -56,6 +56,11 @@ if TYPE_CHECKING:
     from broker.placement.candidates import BoolArray, FloatArray, IntArray, Option, OptionTable
 
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
+# The taint GKE puts on the nodes of a GPU node pool added to a cluster that has a non-GPU
+# node pool (GKE docs, "Run GPUs in Standard node pools": "GKE automatically taints the GPU
+# nodes", key nvidia.com/gpu, effect NoSchedule). The ExtendedResourceToleration admission
+# controller, which GKE runs, gives every pod that requests GPUs the matching toleration.
+GPU_NODE_TAINT = "nvidia.com/gpu=present:NoSchedule"
 GpuClass = tuple[int, bool]  # GPUs per replica, needs an NVLink ring
 
 
@@ -134,6 +139,25 @@ def reserved_nodes(pool: Pool, queued: Iterable[Workload], extra: int = 0) -> in
                and pool.interconnect.satisfies(w.spec.interconnect))
     want += max(0, extra)
     return min(want, whole_free_nodes(pool)) if want else 0
+
+
+def pool_taints(c: Cluster, p: Pool) -> tuple[str, ...]:
+    """Taints every node of pool `p` carries on top of its cluster's (`Cluster.taints`):
+    GKE's GPU taint (`GPU_NODE_TAINT`) on a GPU pool of a GCP cluster that also has a
+    pool without GPUs. On AWS and Azure no taint is automatic (an operator's own taints on
+    a cluster go in `Cluster.taints`)."""
+    if c.provider == "gcp" and p.node.gpu > 0 and any(q.node.gpu <= 0 for q in c.pools):
+        return (GPU_NODE_TAINT,)
+    return ()
+
+
+def tolerations_of(spec: WorkloadSpec) -> tuple[Toleration, ...]:
+    """The workload's tolerations as its pods get them: a pod that requests GPUs also
+    tolerates the `nvidia.com/gpu` taint (Kubernetes' ExtendedResourceToleration
+    admission controller, which GKE enables)."""
+    if spec.resources.gpu > 0:
+        return (*spec.tolerations, _GPU_TOLERATION)
+    return tuple(spec.tolerations)
 
 
 def tolerates_all(tolerations: Sequence[Toleration], taints: Sequence[str]) -> bool:
@@ -230,9 +254,7 @@ def family_masks(snapshot: FederationSnapshot, wls: Sequence[Workload],
         "topology": topo_ok,
         "latency": latency_mask(wls, rtt_table(snapshot, wls, options) if rtt is None
                                 else rtt),
-        "taints": _per_cluster_mask(
-            wls, options, lambda w: tuple(w.spec.tolerations),
-            lambda sig, c: tolerates_all(sig, c.taints), table),
+        "taints": _taint_mask(wls, options),
         "affinity": _per_cluster_mask(wls, options, _selector_signature,
                                       lambda sig, c: labels_ok(c, dict(sig[0]), dict(sig[1]))
                                       and (not sig[2] or c.name in sig[2]), table),
@@ -285,6 +307,23 @@ def _per_cluster_mask(wls: Sequence[Workload], options: Sequence[Option],
     col, clusters = _option_clusters(options, table)
     for sig, r in sigs.items():
         out[r] = np.array([bool(check(sig, c)) for c in clusters], dtype=bool)[col]
+    return out[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
+
+
+def _taint_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArray:
+    """The `taints` family: the workload tolerates its cluster's taints and its pool's
+    (`pool_taints`), once per distinct (tolerations, taints) pair."""
+    sigs: dict[tuple[Toleration, ...], int] = {}
+    rows = np.empty(len(wls), dtype=np.int64)
+    for i, w in enumerate(wls):
+        rows[i] = sigs.setdefault(tolerations_of(w.spec), len(sigs))
+    kinds: dict[tuple[str, ...], int] = {}
+    col = np.array([kinds.setdefault((*o.cluster.taints, *pool_taints(o.cluster, o.pool)),
+                                     len(kinds)) for o in options], dtype=np.int64)
+    out = np.ones((max(len(sigs), 1), len(options)), dtype=bool)
+    for sig, r in sigs.items():
+        out[r] = np.array([tolerates_all(sig, taints) for taints in kinds],
+                          dtype=bool)[col] if kinds else True
     return out[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
 
 
@@ -417,7 +456,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
     public = all(c.allowed_tenants is None for c in snapshot.clusters)
     healthy = np.array([c.healthy for c in snapshot.clusters], dtype=bool)
     rows: dict[str, FloatArray] = {}
-    room: dict[tuple[str, Resources], float] = {}
+    room: dict[tuple[str, Resources, tuple[Toleration, ...]], float] = {}
     for w in wls:
         spec = w.spec
         if (spec.kind is not WorkloadKind.SERVICE or spec.latency_slo_ms is None
@@ -449,7 +488,7 @@ def size_for_slo(snapshot: FederationSnapshot, wls: Sequence[Workload],
         n: int | None = None
         if sizing_rtt is not None:
             sizing_rtt, n = _sizing_for_room(near, sizing_rtt, spec.replicas,
-                                             spec.latency_slo_ms, spec.resources, domains,
+                                             spec.latency_slo_ms, spec, domains,
                                              headroom, room)
         if n is None:
             out.append(w)
@@ -476,6 +515,9 @@ def scaled_down_replicas(asked_before: int, asked_now: int, placed: int) -> int:
     placed workload (placed < asked_before) keeps at most what is placed.
     """
     return max(0, min(placed, asked_now + max(0, placed - asked_before)))
+
+
+_GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
 
 
 def domain_key(cluster: Cluster, topology: str) -> str:
@@ -513,9 +555,11 @@ def bought_for_gpus(c: Cluster, p: Pool) -> bool:
     return p.node.gpu > 0 and p.pricing is not PricingModel.EDGE and not c.is_edge
 
 
-def room_replicas(c: Cluster, res: Resources, headroom: float = 1.0) -> float:
-    """Replicas of shape `res` the cluster has room for: per pool, its free room plus the
-    nodes it may still add, at the share the capacity rows let the program fill
+def room_replicas(c: Cluster, res: Resources, headroom: float = 1.0,
+                  tolerations: tuple[Toleration, ...] = ()) -> float:
+    """Replicas of shape `res` the cluster has room for: per pool whose taints
+    (`pool_taints`) the pods' `tolerations` (`tolerations_of`) tolerate, its free room plus
+    the nodes it may still add, at the share the capacity rows let the program fill
     (`capacity_shares`), in the resource that runs out first; summed over its pools. What
     other work of the batch takes of it is not subtracted (docs/twin.md, "Claims on the
     room counted": tried, and federation-day cost ~1 % more)."""
@@ -524,6 +568,8 @@ def room_replicas(c: Cluster, res: Resources, headroom: float = 1.0) -> float:
         return math.inf
     out = []
     for p in c.pools:
+        if not tolerates_all(tolerations, pool_taints(c, p)):
+            continue
         h = capacity_shares(headroom, gpu_node=bought_for_gpus(c, p))
         out.append(max(0.0, min(h[k] * (getattr(p.free, r) + p.can_add_nodes * getattr(p.node, r))
                                 / d for k, r, d in need)))
@@ -531,8 +577,8 @@ def room_replicas(c: Cluster, res: Resources, headroom: float = 1.0) -> float:
 
 
 def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, asked: int,
-                     slo_ms: float, res: Resources, domains: int, headroom: float,
-                     memo: dict[tuple[str, Resources], float]
+                     slo_ms: float, spec: WorkloadSpec, domains: int, headroom: float,
+                     memo: dict[tuple[str, Resources, tuple[Toleration, ...]], float]
                      ) -> tuple[float, int | None]:
     """(RTT sized against, replicas) for size_for_slo: sized against `first_rtt` (the
     closest cluster's RTT, or the spread's k-th domain's), unless the clusters that close
@@ -558,9 +604,10 @@ def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, as
             if m is None:
                 break
             best = (rtt, m)
-        key = (c.name, res)
+        tols = tolerations_of(spec)
+        key = (c.name, spec.resources, tols)
         if key not in memo:
-            memo[key] = room_replicas(c, res, headroom)
+            memo[key] = room_replicas(c, spec.resources, headroom, tols)
         have += memo[key]
         if have >= best[1]:
             break
