@@ -97,7 +97,13 @@ from broker.domain import (
 )
 from broker.placement import durations
 from broker.placement.candidates import NODE_BOOT_S, boot_estimates
-from broker.placement.feasibility import gpu_class, sets_per_new_node
+from broker.placement.feasibility import (
+    gpu_class,
+    pool_taints,
+    sets_per_new_node,
+    tolerates_all,
+    tolerations_of,
+)
 from broker.placement.kinds import NodeReplace, PoolScaleIn
 
 Pair = tuple[str, str]
@@ -361,7 +367,7 @@ def _lp_cluster(c: Cluster, rule: _LpRule, threshold: float, removing: frozenset
         if (p.name, n.name) in kept or len(picked) >= cap:
             continue
         wls = [specs[w] for w in n.workloads]
-        tolerant = {q.name for q in pools if all(tolerates(w, q) for w in wls)}
+        tolerant = {q.name for q in pools if all(tolerates(w, c, q) for w in wls)}
         gpu_used = p.node.gpu - n.gpu_free
         fits = [key for key, room in free.items()
                 if key[0] in tolerant and key != (p.name, n.name)
@@ -530,12 +536,15 @@ def _pods(n: NodeState, snapshot: FederationSnapshot) -> tuple[Workload, ...]:
     return tuple(out)
 
 
-def tolerates(w: Workload, q: Pool) -> bool:
-    """A workload may run on a node of pool `q` of its own cluster: the pool-level part of
-    the candidates' hard constraints (spot, GPU model, interconnect, GPU set); the cluster's
-    taints, labels and tenancy are the same for every pool of the cluster."""
+def tolerates(w: Workload, c: Cluster, q: Pool) -> bool:
+    """A workload may run on a node of pool `q` of its own cluster `c`: the pool-level part
+    of the candidates' hard constraints (spot, GPU model, interconnect, GPU set, the pool's
+    taints: feasibility.pool_taints); the cluster's taints, labels and tenancy are the same
+    for every pool of the cluster."""
     spec = w.spec
     if q.pricing is PricingModel.SPOT and not spec.spot_ok:
+        return False
+    if not tolerates_all(tolerations_of(spec), pool_taints(c, q)):
         return False
     if spec.gpu_model and (q.gpu_model or "").lower() != spec.gpu_model.lower():
         return False
@@ -562,7 +571,7 @@ def _replacement(c: Cluster, p: Pool, n: NodeState, pods: Sequence[Workload],
         if n.cpu_allocated > q.node.cpu + 1e-9 or n.memory_allocated_gib > q.node.memory_gib \
                 + 1e-9 or gpu_used > q.node.gpu or not room.fits(q):
             continue
-        if not all(tolerates(w, q) for w in pods):
+        if not all(tolerates(w, c, q) for w in pods):
             continue
         if best is None or (q.price_usd_per_hour, q.name) < (best.price_usd_per_hour, best.name):
             best = q

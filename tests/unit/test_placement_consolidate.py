@@ -158,6 +158,35 @@ def test_lp_moves_a_lone_job_to_another_pools_free_room_that_it_tolerates() -> N
     assert consolidations(world(_job("lone"), receiver_free=0.5), "lp", replace=False) == ()
 
 
+def test_lp_drains_no_cpu_job_onto_a_gke_gpu_node() -> None:
+    """A lone CPU job on a big CPU node, and a GPU node with 85 vCPUs free that runs a long
+    GPU job. Off GCP the rule moves the job into that free room; on GKE the GPU node carries
+    the nvidia.com/gpu taint (feasibility.pool_taints), where the planner would not place the
+    job again, so the node stays (before, the drained job came back to a CPU node, which lp
+    drained again minutes later: held-out draft 9,300,067)."""
+    lone = _job("lone")
+    train = workload("train", kind=WorkloadKind.TRAIN, cpu=11.0, mem=11.0, gpu=1,
+                     duration_s=36000.0)
+
+    def world(provider: str) -> FederationSnapshot:
+        big = dataclasses.replace(
+            pool("big", price=3.0, nodes=1, max_nodes=2, node=Resources(16, 64)),
+            node_states=(NodeState(name="b0", cpu_allocated=1.0, memory_allocated_gib=1.0,
+                                   workloads=(lone.id,)),), used=Resources(1.0, 1.0))
+        g = dataclasses.replace(
+            pool("g", price=8.0, nodes=1, max_nodes=2, node=Resources(96, 384, 8)),
+            node_states=(NodeState(name="g0", cpu_allocated=11.0, memory_allocated_gib=11.0,
+                                   gpu_free=7, largest_free_gpu_set=7,
+                                   workloads=(train.id,)),),
+            used=Resources(11.0, 11.0, 1))
+        c = Cluster(name="c", provider=provider, region="r", pools=(big, g))
+        return dataclasses.replace(snapshot((), clusters=(c,)),
+                                   workloads={lone.id: lone, train.id: train})
+
+    assert _names(consolidations(world("aws"), "lp", replace=False)) == ["b0"]
+    assert consolidations(world("gcp"), "lp", replace=False) == ()
+
+
 def test_lp_never_moves_two_nodes_into_the_same_free_room() -> None:
     """Two pools' lone 2-vCPU jobs and one receiver with 3 vCPU free: one node goes (the
     receiver's room is then taken), the other stays; the receiver itself is not drained."""
