@@ -293,6 +293,9 @@ class Pool:
     boot_s: float | None = None
     # Per-node observed state; empty when only aggregates are known (then `nodes`/`used` rule).
     node_states: tuple[NodeState, ...] = ()
+    # NoSchedule/NoExecute taints every node of the pool carries, as observed (observed.py
+    # rule 7; feasibility.pool_taints adds GKE's GPU taint, which holds before a node exists).
+    taints: tuple[str, ...] = ()
     # Replicas the broker placed on this pool (active placements) and how many of them are not
     # running yet (placed, starting or waiting for a node): the policy's queue feature.
     replicas_placed: int = 0

@@ -113,7 +113,7 @@ def _pool_view(p: Pool) -> dict[str, Any]:
             "priceUsdPerHour": p.price_usd_per_hour, "pricing": str(p.pricing),
             "gpuModel": p.gpu_model, "interconnect": str(p.interconnect),
             "used": {"cpu": p.used.cpu, "memory": p.used.memory_gib, "gpu": p.used.gpu},
-            "bootS": p.boot_s}
+            "bootS": p.boot_s, "taints": list(p.taints)}
 
 
 def cluster_view(r: ClusterRecord) -> dict[str, Any]:

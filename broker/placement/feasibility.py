@@ -143,12 +143,13 @@ def reserved_nodes(pool: Pool, queued: Iterable[Workload], extra: int = 0) -> in
 
 def pool_taints(c: Cluster, p: Pool) -> tuple[str, ...]:
     """Taints every node of pool `p` carries on top of its cluster's (`Cluster.taints`):
-    GKE's GPU taint (`GPU_NODE_TAINT`) on a GPU pool of a GCP cluster that also has a
-    pool without GPUs. On AWS and Azure no taint is automatic (an operator's own taints on
-    a cluster go in `Cluster.taints`)."""
+    those its nodes were seen to carry (`Pool.taints`, observed.py rule 7: a GPU node group
+    tainted as EKS, AKS and Karpenter advise), and GKE's GPU taint (`GPU_NODE_TAINT`) on a
+    GPU pool of a GCP cluster that also has a pool without GPUs, which holds before the
+    pool has a node to observe. AWS and Azure taint nothing by themselves."""
     if c.provider == "gcp" and p.node.gpu > 0 and any(q.node.gpu <= 0 for q in c.pools):
-        return (GPU_NODE_TAINT,)
-    return ()
+        return p.taints if GPU_NODE_TAINT in p.taints else (*p.taints, GPU_NODE_TAINT)
+    return p.taints
 
 
 def tolerations_of(spec: WorkloadSpec) -> tuple[Toleration, ...]:

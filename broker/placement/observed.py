@@ -26,6 +26,11 @@ observed fields replaced. The rules, in order (docs/snapshot.md has the table):
    The twin measures each node it orders (sim/state.py); live, the actuator measures each
    node order it carries out and the snapshot reads the done ones
    (federation/decision_log.py `measured_boots`).
+7. Taints (`Pool.taints`): the NoSchedule and NoExecute taints every counted node of the
+   pool carries (the node pool's own, e.g. `nvidia.com/gpu:NoSchedule` on a Karpenter GPU
+   NodePool or an EKS/AKS GPU node group set up as their docs advise); a pool with no
+   counted node keeps the registered pool's (none: registrations give taints per cluster).
+   The placement masks read them (feasibility.pool_taints).
 
 Demand (`demand_rate`): the EWMA of requested resources per second with time constant tau,
 sum_i r_i / tau * exp(-(now - t_i) / tau) over placements i of r_i at t_i. The twin keeps the
@@ -93,6 +98,8 @@ class PoolObservation:
     used: Resources
     node_states: tuple[NodeState, ...]
     largest_free_gpu_set: int
+    # Rule 7: the blocking taints every counted node carries; None: no node counts.
+    taints: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +178,7 @@ def reclaim_rate_per_hour(reclaims: int, since_s: float, now_s: float) -> float:
 
 def observed_pool(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int = 0,
                   since_s: float = 0.0, now_s: float = 0.0, boot_s: float | None = None) -> Pool:
-    """`pool` with rules 3-6 of the module docstring applied to its observed `nodes`."""
+    """`pool` with rules 3-7 of the module docstring applied to its observed `nodes`."""
     return replace(pool, **observed_fields(pool, nodes, reclaims=reclaims, since_s=since_s,
                                            now_s=now_s, boot_s=boot_s))  # type: ignore[arg-type]
 
@@ -180,7 +187,7 @@ def observed_fields(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int 
                     since_s: float = 0.0, now_s: float = 0.0,
                     observation: PoolObservation | None = None,
                     boot_s: float | None = None) -> dict[str, object]:
-    """The `Pool` fields rules 3-6 replace (so a caller can make one copy of the pool);
+    """The `Pool` fields rules 3-7 replace (so a caller can make one copy of the pool);
     `observation`: `observe(pool, nodes)` already computed (then `nodes` is not read);
     `boot_s`: the inventory's measured boot for the pool (rule 6), None where none was."""
     obs = observation if observation is not None else observe(pool, nodes)
@@ -188,13 +195,14 @@ def observed_fields(pool: Pool, nodes: Sequence[ObservedNode], *, reclaims: int 
             "nodes": obs.nodes, "max_nodes": max(pool.max_nodes, obs.nodes),
             "used": obs.used, "node_states": obs.node_states,
             "largest_free_gpu_set": obs.largest_free_gpu_set,
+            "taints": pool.taints if obs.taints is None else obs.taints,
             "reclaim_rate_per_hour": reclaim_rate_per_hour(reclaims, since_s, now_s),
             "boot_s": pool.boot_s if boot_s is None else boot_s}
 
 
 def observe(pool: Pool, nodes: Sequence[ObservedNode],
             states: Sequence[NodeState] | None = None) -> PoolObservation:
-    """Rules 2-4 of the module docstring over one pool's `nodes`; `states`: each node's
+    """Rules 2-4 and 7 of the module docstring over one pool's `nodes`; `states`: each node's
     `node_state(pool, node)`, when the caller kept them from an earlier reading."""
     out = []
     count = 0
@@ -204,6 +212,7 @@ def observe(pool: Pool, nodes: Sequence[ObservedNode],
     min_gpu = 1 << 30
     last: Resources | None = None
     keep = NodeLeaving.NO
+    common: tuple[str, ...] | None = None  # the taints every counted node carries so far
     # One pass, no calls per node: a changed pool is read again every epoch (the twin's
     # busiest pools hold hundreds of nodes). `a < b` tests are min()/max()'s own.
     for k, n in enumerate(nodes):
@@ -212,6 +221,10 @@ def observe(pool: Pool, nodes: Sequence[ObservedNode],
         if st.leaving is not keep:
             continue
         count += 1
+        if common is None:
+            common = n.taints
+        elif common and n.taints != common:
+            common = tuple(t for t in common if t in n.taints)
         u = n.allocated
         cpu += u.cpu
         mem += u.memory_gib
@@ -229,7 +242,15 @@ def observe(pool: Pool, nodes: Sequence[ObservedNode],
             largest = st.largest_free_gpu_set
     return PoolObservation(node=Resources(min_cpu, min_mem, min_gpu) if count else None,
                            nodes=count, used=Resources(cpu, mem, gpu),
-                           node_states=tuple(out), largest_free_gpu_set=largest)
+                           node_states=tuple(out), largest_free_gpu_set=largest,
+                           taints=None if common is None else _blocking(common))
+
+
+def _blocking(taints: tuple[str, ...]) -> tuple[str, ...]:
+    """The NoSchedule and NoExecute taints of `taints` (kubectl's `key=value:Effect`)."""
+    if not taints:
+        return taints
+    return tuple(t for t in taints if t.rpartition(":")[2] in ("NoSchedule", "NoExecute"))
 
 
 def nodes_by_pool(pools: Sequence[Pool], inventory: Inventory

@@ -3,6 +3,8 @@ a GCP cluster that has a CPU pool, as GKE's scheduler would keep it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from broker.domain import Cluster, PolicyAction, Resources, Toleration, Workload, WorkloadKind
 from broker.placement.candidates import build_candidates
 from broker.placement.feasibility import GPU_NODE_TAINT, pool_taints, room_replicas
@@ -72,3 +74,15 @@ def test_slo_sizing_counts_no_room_on_a_gke_gpu_pool_for_cpu_replicas() -> None:
     assert room_replicas(aws, res) > 32.0 + 85.0
     tol = (Toleration(key="nvidia.com/gpu", operator="Exists"),)
     assert room_replicas(gke, res, tolerations=tol) == room_replicas(aws, res)
+
+
+def test_a_gpu_pool_seen_tainted_on_aws_keeps_cpu_work_off_too() -> None:
+    """EKS taints nothing itself, but a GPU node group tainted as its docs advise reports the
+    taint on its nodes (Pool.taints, observed.py rule 7): the CPU job keeps off it."""
+    aws = cluster("aws")
+    tainted = dataclasses.replace(aws.pools[1], taints=("nvidia.com/gpu=true:NoSchedule",))
+    snap = snapshot((workload("cpu", kind=WorkloadKind.BATCH, cpu=4, mem=8, duration_s=3600),),
+                    clusters=(Cluster(name=aws.name, provider="aws", region="r1",
+                                      pools=(aws.pools[0], tainted)),))
+    cs = build_candidates(snap, PolicyAction(), k=8, service_horizon_h=1.0)
+    assert {o.pool.name for j, o in enumerate(cs.options) if cs.feasible[0, j]} == {"c2d"}

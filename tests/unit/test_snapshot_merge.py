@@ -189,6 +189,24 @@ def test_observed_inventory_replaces_registered_capacity() -> None:
     assert not c.provenance["observed"].stale
 
 
+def test_a_pool_takes_the_blocking_taints_all_its_counted_nodes_carry() -> None:
+    """A GPU node group tainted as EKS and Karpenter advise: the pool carries the taint
+    (feasibility.pool_taints then keeps work that asks no GPU off it). PreferNoSchedule does
+    not block; a taint one counted node lacks is not the pool's; a leaving node's taints do
+    not count; a pool with no counted node has none."""
+    gpu = "nvidia.com/gpu=true:NoSchedule"
+    inv = Inventory(observed_s=NOW - 2.0, nodes=(
+        node("g1", pool_name="g", gpu=4, taints=(gpu, "team=ml:PreferNoSchedule")),
+        node("g2", pool_name="g", gpu=4, taints=("zone=a:NoExecute", gpu)),
+        node("g3", pool_name="g", gpu=4, unschedulable=True),  # leaving: not counted
+        node("m1", taints=(gpu,)), node("m2")))
+    base = cluster("c", pool(nodes=2), pool("g", gpu=4, itype="g4dn.12xlarge"),
+                   pool("empty", itype="c5.large"))
+    c = one(MergeInputs(now_s=NOW, members=(member(base),), inventory={"c": inv}))
+    taints = {p.name: p.taints for p in c.pools}
+    assert taints == {"m5": (), "g": (gpu,), "empty": ()}
+
+
 def test_no_inventory_keeps_the_registration_and_old_inventory_is_stale() -> None:
     c = one(MergeInputs(now_s=NOW, members=(member(cluster()),)))
     assert c.pools[0].nodes == 2
