@@ -396,6 +396,8 @@ class SimulatedClusterDriver:
     @staticmethod
     def _tolerates(spec: ApplySpec, taints: Sequence[str]) -> bool:
         tolerated = {str(t.get("key", "")) for t in spec.tolerations}
+        if spec.gpu:  # the pod template tolerates the GPU taint (kubernetes_objects.py)
+            tolerated.add("nvidia.com/gpu")
         return all(t.split("=")[0].split(":")[0] in tolerated for t in taints
                    if not t.endswith(":PreferNoSchedule"))
 
