@@ -285,6 +285,9 @@ class PoolIn(_Model):
     gpu_model: str | None = Field(default=None, max_length=64, pattern=TEXT)
     interconnect: Interconnect = Interconnect.NONE
     reclaim_rate_per_hour: float = Field(default=0.0, ge=0, le=lim.RECLAIM_RATE_PER_HOUR_MAX)
+    # Taints every node of the pool carries (`key=value:Effect`), e.g. a GPU node group's
+    # `nvidia.com/gpu=true:NoSchedule`: the planner reads them before a node is observed.
+    taints: list[Label] = Field(default_factory=list, max_length=64)
 
     _res = field_validator("price_usd_per_hour", "reclaim_rate_per_hour")(
         classmethod(_resolution(6)))
@@ -298,7 +301,8 @@ class PoolIn(_Model):
                     nodes=self.nodes, max_nodes=max(self.max_nodes, self.nodes),
                     price_usd_per_hour=self.price_usd_per_hour, pricing=self.pricing,
                     gpu_model=self.gpu_model, interconnect=self.interconnect,
-                    reclaim_rate_per_hour=self.reclaim_rate_per_hour)
+                    reclaim_rate_per_hour=self.reclaim_rate_per_hour,
+                    taints=tuple(self.taints))
 
 
 class ClusterIn(_Model):

@@ -223,4 +223,4 @@ def _sim_pool(cluster: Cluster, pool: Pool, catalog: Callable[[], Catalog], *,
                    cpu_per_node=cpu,
                    memory_gib_per_node=mem, gpu_per_node=gpu, gpu_model=gpu_model,
                    interconnect=interconnect, labels=dict(cluster.labels),
-                   taints=tuple(cluster.taints), instance_type=pool.instance_type)
+                   taints=(*cluster.taints, *pool.taints), instance_type=pool.instance_type)

@@ -29,7 +29,7 @@ observed fields replaced. The rules, in order (docs/snapshot.md has the table):
 7. Taints (`Pool.taints`): the NoSchedule and NoExecute taints every counted node of the
    pool carries (the node pool's own, e.g. `nvidia.com/gpu:NoSchedule` on a Karpenter GPU
    NodePool or an EKS/AKS GPU node group set up as their docs advise); a pool with no
-   counted node keeps the registered pool's (none: registrations give taints per cluster).
+   counted node keeps the registered pool's (`PoolIn.taints`, docs/api.md).
    The placement masks read them (feasibility.pool_taints).
 
 Demand (`demand_rate`): the EWMA of requested resources per second with time constant tau,

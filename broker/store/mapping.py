@@ -170,6 +170,7 @@ def pool_to_values(cluster: str, p: Pool) -> dict[str, Any]:
         "used_cpu": p.used.cpu, "used_memory_gib": p.used.memory_gib, "used_gpu": p.used.gpu,
         "largest_free_gpu_set": p.largest_free_gpu_set,
         "reclaim_rate_per_hour": p.reclaim_rate_per_hour,
+        "taints": list(p.taints) or None,
     }
 
 
@@ -183,6 +184,7 @@ def pool_from_row(r: PoolRow) -> Pool:
         used=Resources(r.used_cpu, r.used_memory_gib, r.used_gpu),
         largest_free_gpu_set=r.largest_free_gpu_set,
         reclaim_rate_per_hour=r.reclaim_rate_per_hour,
+        taints=tuple(str(t) for t in r.taints or ()),
     )
 
 

@@ -115,6 +115,9 @@ class PoolRow(Base):
     largest_free_gpu_set: Mapped[int] = mapped_column(Integer, default=0)
     reclaim_rate_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
     attrs: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # `key=value:Effect` strings every node of the pool carries, as registered (None: none;
+    # rows written before the column).
+    taints: Mapped[list[Any] | None] = mapped_column(default=None)
 
 
 class SiteRow(Base):

@@ -80,12 +80,18 @@ async def test_changed_spec_repacks_and_overflow_stays_pending() -> None:
         await d.status(workload_id="w1")
 
 
-async def test_gpu_pool_needs_toleration_and_reports_topology() -> None:
+async def test_gpu_pool_taint_admits_gpu_pods_only_and_reports_topology() -> None:
+    """The GPU pool's nodes carry nvidia.com/gpu:NoSchedule. A pod that asks no GPU needs
+    its own toleration; one that requests GPUs tolerates it as the Kubernetes driver's pod
+    template makes it (kubernetes_objects.py) without asking."""
     d = make()
-    await d.apply(spec=spec("g", pool="gpu", replicas=1, cpu=8, gpu=8, kind="train"))
-    assert (await d.status(workload_id="g")).ready_replicas == 0  # taint not tolerated
-    await d.apply(spec=spec("g", pool="gpu", replicas=1, cpu=8, gpu=8, kind="train",
+    await d.apply(spec=spec("c", pool="gpu", replicas=1, cpu=8))
+    assert (await d.status(workload_id="c")).ready_replicas == 0  # taint not tolerated
+    await d.apply(spec=spec("c", pool="gpu", replicas=1, cpu=8,
                             tolerations=({"key": "nvidia.com/gpu", "operator": "Exists"},)))
+    assert (await d.status(workload_id="c")).ready_replicas == 1
+    await d.delete(workload_id="c")
+    await d.apply(spec=spec("g", pool="gpu", replicas=1, cpu=8, gpu=8, kind="train"))
     assert (await d.status(workload_id="g")).phase is WorkloadPhase.RUNNING
     gpu_node = next(n for n in await d.inventory() if n.pool == "gpu")
     assert gpu_node.used_gpu == 8
