@@ -68,6 +68,14 @@ def test_simulated_pool_starts_at_registered_nodes_the_actuator_scales_it() -> N
                          "error_rate": 0.0}
 
 
+def test_a_simulated_pools_nodes_carry_its_registered_taints_after_the_clusters() -> None:
+    gpu = Pool(name="gpu", instance_type="g6.48xlarge", node=Resources(192, 768, 8), nodes=1,
+               max_nodes=2, price_usd_per_hour=13.35, gpu_model="L4",
+               taints=("nvidia.com/gpu=true:NoSchedule",))
+    (pool,) = target_for(record(pools=(gpu,))).pools
+    assert pool.taints == ("dedicated=ml:NoSchedule", "nvidia.com/gpu=true:NoSchedule")
+
+
 def test_edge_site_pools_stay_at_full_size() -> None:
     t = target_for(record({"driver": "edge"}))
     (pool,) = t.pools
