@@ -108,7 +108,7 @@ FULL_NODE_POLICIES = ("traditional", "karpenter")
 FAMILY_MIN_BATCH = 40
 FAMILY_TIME_FRAC = 11.0
 # Pricing and the family MIP share that box: on a family batch a pricing round starts only
-# if it is expected to end FAMILY_MIP_RESERVE_FRAC x time_limit_s (17.5 s by default) before
+# if it is expected to end FAMILY_MIP_RESERVE_FRAC x time_limit_s (20 s by default) before
 # the box does: the family MIP's time (~10.6 s at 20000x2000 seed 1, mip_stage's
 # FAMILY_HIGHS_OPTIONS; the sub-MIP that finds its plan does so near its end, so cut short it
 # returns nothing), the rounding before it (~2 s), and what the first round takes beyond the
@@ -116,8 +116,10 @@ FAMILY_TIME_FRAC = 11.0
 # estimated by the whole round before them, pricing.generate). Otherwise pricing's
 # own box (pricing_time_frac x time_limit_s, 1.5 s) ends before the first solve of such a
 # batch does, and no column of the batch's own prices is ever added (docs/placement.md
-# section 7).
-FAMILY_MIP_RESERVE_FRAC = 3.5
+# section 7). 3.5 (17.5 s) until 2026-12-07: with GKE's GPU taint (feasibility.pool_taints)
+# the family MIP at 20000x2000 seed 1 returned nothing in each of 3 first plans of a process
+# (whose build takes 16-19 s, 12-15 s once warm), and its plan in both with 20 s.
+FAMILY_MIP_RESERVE_FRAC = 4.0
 
 
 class PlannerError(ValueError):
