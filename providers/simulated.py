@@ -48,6 +48,7 @@ from providers.errors import (
     ThrottledError,
     TransientError,
 )
+from providers.kubernetes_objects import GPU_RESOURCE
 from providers.simulated_pools import FailureInjection, SimPool
 
 __all__ = ["FailureInjection", "SimPool", "SimulatedClusterDriver"]
@@ -397,7 +398,7 @@ class SimulatedClusterDriver:
     def _tolerates(spec: ApplySpec, taints: Sequence[str]) -> bool:
         tolerated = {str(t.get("key", "")) for t in spec.tolerations}
         if spec.gpu:  # the pod template tolerates the GPU taint (kubernetes_objects.py)
-            tolerated.add("nvidia.com/gpu")
+            tolerated.add(GPU_RESOURCE)
         return all(t.split("=")[0].split(":")[0] in tolerated for t in taints
                    if not t.endswith(":PreferNoSchedule"))
 

@@ -61,6 +61,7 @@ _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute", "")
 # nodes", key nvidia.com/gpu, effect NoSchedule). The ExtendedResourceToleration admission
 # controller, which GKE runs, gives every pod that requests GPUs the matching toleration.
 GPU_NODE_TAINT = "nvidia.com/gpu=present:NoSchedule"
+_GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
 GpuClass = tuple[int, bool]  # GPUs per replica, needs an NVLink ring
 
 
@@ -300,32 +301,33 @@ def _per_cluster_mask(wls: Sequence[Workload], options: Sequence[Option],
                       check: Callable[[Any, Cluster], bool],
                       table: OptionTable | None = None) -> BoolArray:
     """Evaluate `check(signature(w), cluster)` once per distinct signature and cluster."""
-    sigs: dict[Any, int] = {}
-    rows = np.empty(len(wls), dtype=np.int64)
-    for i, w in enumerate(wls):
-        rows[i] = sigs.setdefault(signature(w), len(sigs))
-    out = np.ones((max(len(sigs), 1), len(options)), dtype=bool)
     col, clusters = _option_clusters(options, table)
-    for sig, r in sigs.items():
-        out[r] = np.array([bool(check(sig, c)) for c in clusters], dtype=bool)[col]
-    return out[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
+    return _grouped_mask(wls, len(options), signature, check, col, clusters)
 
 
 def _taint_mask(wls: Sequence[Workload], options: Sequence[Option]) -> BoolArray:
     """The `taints` family: the workload tolerates its cluster's taints and its pool's
     (`pool_taints`), once per distinct (tolerations, taints) pair."""
-    sigs: dict[tuple[Toleration, ...], int] = {}
-    rows = np.empty(len(wls), dtype=np.int64)
-    for i, w in enumerate(wls):
-        rows[i] = sigs.setdefault(tolerations_of(w.spec), len(sigs))
     kinds: dict[tuple[str, ...], int] = {}
     col = np.array([kinds.setdefault((*o.cluster.taints, *pool_taints(o.cluster, o.pool)),
                                      len(kinds)) for o in options], dtype=np.int64)
-    out = np.ones((max(len(sigs), 1), len(options)), dtype=bool)
+    return _grouped_mask(wls, len(options), lambda w: tolerations_of(w.spec), tolerates_all,
+                         col, list(kinds))
+
+
+def _grouped_mask(wls: Sequence[Workload], n_options: int,
+                  signature: Callable[[Workload], Any], check: Callable[[Any, Any], bool],
+                  col: IntArray, groups: Sequence[Any]) -> BoolArray:
+    """W x O: `check(signature(w), groups[col[o]])`, evaluated once per distinct signature
+    and group (options that share a cluster, or a cluster's and pool's taints)."""
+    sigs: dict[Any, int] = {}
+    rows = np.empty(len(wls), dtype=np.int64)
+    for i, w in enumerate(wls):
+        rows[i] = sigs.setdefault(signature(w), len(sigs))
+    out = np.ones((max(len(sigs), 1), n_options), dtype=bool)
     for sig, r in sigs.items():
-        out[r] = np.array([tolerates_all(sig, taints) for taints in kinds],
-                          dtype=bool)[col] if kinds else True
-    return out[rows] if len(wls) else np.ones((0, len(options)), dtype=bool)
+        out[r] = np.array([bool(check(sig, g)) for g in groups], dtype=bool)[col]
+    return out[rows] if len(wls) else np.ones((0, n_options), dtype=bool)
 
 
 def _option_clusters(options: Sequence[Option], table: OptionTable | None = None
@@ -518,9 +520,6 @@ def scaled_down_replicas(asked_before: int, asked_now: int, placed: int) -> int:
     return max(0, min(placed, asked_now + max(0, placed - asked_before)))
 
 
-_GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
-
-
 def domain_key(cluster: Cluster, topology: str) -> str:
     """Spread domain of a cluster: the cluster itself (cluster/zone) or its region."""
     return cluster.region_key if topology == "region" else cluster.name
@@ -599,13 +598,13 @@ def _sizing_for_room(near: Sequence[tuple[float, Cluster]], first_rtt: float, as
     if n is None:
         return first_rtt, None
     best, have = (first_rtt, n), 0.0
+    tols = tolerations_of(spec)
     for rtt, c in near:
         if rtt > first_rtt:
             m = queueing.replicas_for_slack(asked, slo_ms - rtt, domains=domains)
             if m is None:
                 break
             best = (rtt, m)
-        tols = tolerations_of(spec)
         key = (c.name, spec.resources, tols)
         if key not in memo:
             memo[key] = room_replicas(c, spec.resources, headroom, tols)

@@ -192,19 +192,21 @@ def test_observed_inventory_replaces_registered_capacity() -> None:
 def test_a_pool_takes_the_blocking_taints_all_its_counted_nodes_carry() -> None:
     """A GPU node group tainted as EKS and Karpenter advise: the pool carries the taint
     (feasibility.pool_taints then keeps work that asks no GPU off it). PreferNoSchedule does
-    not block; a taint one counted node lacks is not the pool's; a leaving node's taints do
-    not count; a pool with no counted node has none."""
+    not block; a taint one counted node lacks is not the pool's (what the nodes show overrules
+    the registration); a leaving node's taints do not count; a pool with no counted node
+    keeps its registered taints."""
     gpu = "nvidia.com/gpu=true:NoSchedule"
     inv = Inventory(observed_s=NOW - 2.0, nodes=(
         node("g1", pool_name="g", gpu=4, taints=(gpu, "team=ml:PreferNoSchedule")),
         node("g2", pool_name="g", gpu=4, taints=("zone=a:NoExecute", gpu)),
         node("g3", pool_name="g", gpu=4, unschedulable=True),  # leaving: not counted
         node("m1", taints=(gpu,)), node("m2")))
-    base = cluster("c", pool(nodes=2), pool("g", gpu=4, itype="g4dn.12xlarge"),
-                   pool("empty", itype="c5.large"))
+    base = cluster("c", replace(pool(nodes=2), taints=(gpu,)),
+                   pool("g", gpu=4, itype="g4dn.12xlarge"),
+                   replace(pool("empty", itype="c5.large"), taints=("team=ml:NoSchedule",)))
     c = one(MergeInputs(now_s=NOW, members=(member(base),), inventory={"c": inv}))
     taints = {p.name: p.taints for p in c.pools}
-    assert taints == {"m5": (), "g": (gpu,), "empty": ()}
+    assert taints == {"m5": (), "g": (gpu,), "empty": ("team=ml:NoSchedule",)}
 
 
 def test_no_inventory_keeps_the_registration_and_old_inventory_is_stale() -> None:
