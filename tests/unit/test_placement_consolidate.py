@@ -187,6 +187,25 @@ def test_lp_drains_no_cpu_job_onto_a_gke_gpu_node() -> None:
     assert consolidations(world("gcp"), "lp", replace=False) == ()
 
 
+def test_no_replacement_puts_a_cpu_node_s_work_on_a_gke_gpu_pool() -> None:
+    """Karpenter's replace (consolidate._replacement): a dear CPU node's pods fit one node
+    of a cheaper GPU pool. Off GCP that pool is the replacement; on GKE its taint rules it
+    out and no other pool is cheaper."""
+    job = workload("j", kind=WorkloadKind.BATCH, cpu=3.0, mem=3.0, duration_s=7200.0)
+
+    def world(provider: str) -> FederationSnapshot:
+        dear = dataclasses.replace(
+            pool("dear", price=3.0, nodes=1, max_nodes=2, node=Resources(16, 64)),
+            node_states=(NodeState(name="d0", cpu_allocated=3.0, memory_allocated_gib=3.0,
+                                   workloads=(job.id,)),), used=Resources(3.0, 3.0))
+        g = pool("g", price=1.0, nodes=0, max_nodes=2, node=Resources(8, 32, 1))
+        c = Cluster(name="c", provider=provider, region="r", pools=(dear, g))
+        return dataclasses.replace(snapshot((), clusters=(c,)), workloads={job.id: job})
+
+    assert _targets(world("aws")) == [("d0", "g")]
+    assert _targets(world("gcp")) == []
+
+
 def test_lp_never_moves_two_nodes_into_the_same_free_room() -> None:
     """Two pools' lone 2-vCPU jobs and one receiver with 3 vCPU free: one node goes (the
     receiver's room is then taken), the other stays; the receiver itself is not drained."""
