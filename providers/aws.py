@@ -7,7 +7,8 @@
   usage, and the vCPUs of running instances (used) against ``AwsOptions.vcpu_limit`` when set
   (Service Quotas' "Running On-Demand Standard instances" is a separate API libcloud lacks).
 - scale_pool: instances tagged ``skyfed.io/pool=<pool>`` (plus the cluster's labels) are created
-  or terminated until the pool has the requested count.
+  or terminated until the pool has the requested count; remove_nodes terminates exactly the
+  named instances of the pool (instance id, Name tag or private DNS name).
 
 EC2-compatible endpoints (moto, LocalStack) are reached with ``endpoint_host``/``endpoint_port``;
 they answer with the API namespace without libcloud's trailing ``/``, which ``_CompatResponse``
@@ -16,13 +17,13 @@ normalises (otherwise every list would be silently empty).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from providers.base import Capability, Offer, Quota, Region
 from providers.catalog import Catalog
-from providers.cloud import SKYFED_POOL_LABEL, LibcloudBase
+from providers.cloud import SKYFED_POOL_LABEL, LibcloudBase, matching, new_names
 from providers.errors import ConfigError, NotFoundError
 
 
@@ -204,11 +205,27 @@ class AwsProvider(LibcloudBase):
 
             image = NodeImage(id=self._opts.image_id, name=self._opts.image_id, driver=drv)
             tags = {**labels, SKYFED_POOL_LABEL: pool}
-            for i in range(len(current), nodes):
-                await self._call(drv.create_node, name=f"skyfed-{pool}-{i}",
+            for name in new_names(f"skyfed-{pool}", (n.name or "" for n in current),
+                                  nodes - len(current)):
+                await self._call(drv.create_node, name=name,
                                  size=sizes[instance_type], image=image, ex_metadata=tags,
                                  region=region)
         else:
             for node in sorted(current, key=lambda n: n.name or "")[nodes:]:
                 await self._call(drv.destroy_node, node, region=region)
         return len(await self._pool_nodes(region, pool))
+
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+        """Terminate the instances of `pool` named by `nodes`: an instance id (`i-...`, the
+        tail of an EKS node's providerID), the Name tag, or the private DNS name (an EKS
+        node's name); see CloudProvider.remove_nodes."""
+        drv = self._driver(region)
+        for node in matching(await self._pool_nodes(region, pool), nodes, _instance_keys):
+            await self._call(drv.destroy_node, node, region=region)
+        return len(await self._pool_nodes(region, pool))
+
+
+def _instance_keys(node: Any) -> tuple[str, ...]:
+    extra = node.extra or {}
+    return (str(node.id or ""), str(node.name or ""), str(extra.get("private_dns") or ""),
+            str(extra.get("dns_name") or ""))

@@ -18,7 +18,7 @@ endpoint on port 443; ``AzureOptions.login_port`` lets a private or test endpoin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,4 +177,10 @@ class AzureProvider(LibcloudBase):
         raise ProviderError(
             "the azure adapter does not scale VMs (Capability.SCALE_POOL absent): scale the AKS "
             f"node pool {pool!r} instead", provider="azure", region=region,
+        )
+
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+        raise ProviderError(
+            "the azure adapter does not remove VMs (Capability.SCALE_POOL absent): scale the "
+            f"AKS node pool {pool!r} instead", provider="azure", region=region,
         )

@@ -141,6 +141,18 @@ class NodeInventory:
     # Ids of the broker-managed workloads with replicas on the node (empty when the driver
     # cannot tell): what the planner moves off a node that is leaving.
     workloads: tuple[str, ...] = ()
+    # The cloud's id of the machine (Kubernetes `spec.providerID`, e.g.
+    # `aws:///us-east-1a/i-0abc...`, `gce://project/zone/name`); "" when the node has none.
+    provider_id: str = ""
+
+    @property
+    def instance(self) -> str:
+        """What names the node's machine to its cloud account (`CloudProvider.remove_nodes`):
+        the last path segment of `provider_id` (the EC2 instance id, the GCE instance name),
+        else the node's name (GCE's and self-managed clusters' node names are the machine's).
+        This is how the Cluster Autoscaler maps a node to its instance."""
+        tail = self.provider_id.rstrip("/").rsplit("/", 1)[-1]
+        return tail or self.name
 
 
 class WorkloadPhase(enum.StrEnum):
@@ -255,6 +267,12 @@ class CloudProvider(Protocol):
         self, *, region: str, pool: str, instance_type: str, nodes: int,
         labels: Mapping[str, str],
     ) -> int: ...
+
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+        """Terminate exactly the machines of node group `pool` that `nodes` names (each an
+        instance id, instance name or host name: `NodeInventory.instance`), never another;
+        a name that matches none (already gone) is skipped. Returns the group's count."""
+        ...
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from providers.base import Offer
@@ -34,6 +34,30 @@ from providers.errors import (
 T = TypeVar("T")
 
 SKYFED_POOL_LABEL = "skyfed.io/pool"
+
+
+def new_names(prefix: str, taken: Iterable[str], count: int) -> list[str]:
+    """`count` machine names `<prefix>-<i>` at the lowest indices no machine of the group
+    holds. A targeted removal (`remove_nodes`) can leave a gap, and a GCE instance name
+    must be unique in its zone, so the next order fills the gap instead of reusing a
+    name that is still taken."""
+    used = set(taken)
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        name = f"{prefix}-{i}"
+        if name not in used:
+            out.append(name)
+        i += 1
+    return out
+
+
+def matching(machines: Iterable[T], wanted: Iterable[str],
+             keys: Callable[[T], Iterable[str]]) -> list[T]:
+    """The machines any of whose `keys` (instance id, name, host name) is in `wanted`:
+    what `remove_nodes` terminates, and nothing else."""
+    want = {w for w in wanted if w}
+    return [m for m in machines if want.intersection(k for k in keys(m) if k)]
 
 _THROTTLE_CODES = re.compile(r"RequestLimitExceeded|Throttling|TooManyRequests|rateLimitExceeded")
 _QUOTA_CODES = re.compile(

@@ -6,7 +6,8 @@
 - Quotas: the region resource's ``quotas`` (``CPUS`` -> ``vcpu``, ``INSTANCES`` -> ``instances``,
   ``NVIDIA_<X>_GPUS`` -> ``gpu:<X>``, the rest under their GCE metric name, lowercased).
 - scale_pool: instances labelled ``skyfed-io-pool=<pool>`` (GCE label keys allow no ``.``/``/``)
-  in the region's first zone are created/destroyed to the requested count.
+  in the region's first zone are created/destroyed to the requested count; remove_nodes
+  deletes exactly the named instances of the pool.
 
 Auth: a service account (``auth_type="SA"``, ``client_email`` + key file), an installed-app
 token (``"IA"``) or the metadata server on GCE (``"GCE"``); libcloud caches the token in
@@ -16,13 +17,13 @@ token (``"IA"``) or the metadata server on GCE (``"GCE"``); libcloud caches the 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from providers.base import Capability, Offer, Quota, Region
 from providers.catalog import Catalog
-from providers.cloud import LibcloudBase
+from providers.cloud import LibcloudBase, matching, new_names
 from providers.errors import ConfigError, NotFoundError
 
 POOL_LABEL = "skyfed-io-pool"
@@ -165,12 +166,24 @@ class GcpProvider(LibcloudBase):
             gce_labels = {re.sub(r"[^a-z0-9_-]", "-", k.lower()): _label_value(v)
                           for k, v in labels.items()}
             gce_labels[POOL_LABEL] = _label_value(pool)
-            for i in range(len(current), nodes):
+            for name in new_names(f"skyfed-{_label_value(pool)}", (n.name for n in current),
+                                  nodes - len(current)):
                 await self._call(
-                    drv.create_node, f"skyfed-{_label_value(pool)}-{i}", instance_type,
+                    drv.create_node, name, instance_type,
                     self._opts.image, location=zone, ex_labels=gce_labels, region=region,
                 )
         else:
             for node in sorted(current, key=lambda n: n.name)[nodes:]:
                 await self._call(drv.destroy_node, node, region=region)
+        return len(await self._pool_nodes(zone, pool))
+
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+        """Delete the instances of `pool` named by `nodes` (the instance name, which is a GKE
+        node's name and the tail of its providerID, or the numeric id); see
+        CloudProvider.remove_nodes."""
+        drv = await self._driver()
+        zone = await self._zone(region)
+        for node in matching(await self._pool_nodes(zone, pool), nodes,
+                             lambda n: (str(n.name or ""), str(n.id or ""))):
+            await self._call(drv.destroy_node, node, region=region)
         return len(await self._pool_nodes(zone, pool))

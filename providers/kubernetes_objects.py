@@ -230,5 +230,14 @@ def node_inventory(n: Mapping[str, Any], used: tuple[float, float, float, int]
                               interconnect=ic),
         ready=conds.get("Ready", "True") == "True",
         unschedulable=bool((n.get("spec") or {}).get("unschedulable", False)),
-        replicas=used[3],
+        replicas=used[3], provider_id=_provider_id(n),
     )
+
+
+def _provider_id(n: Mapping[str, Any]) -> str:
+    """The node's `spec.providerID` (the cloud's id of its machine), or "" when it has none
+    or it is not plain text of at most 512 characters."""
+    raw = (n.get("spec") or {}).get("providerID")
+    if not isinstance(raw, str) or len(raw) > 512 or not raw.isprintable():
+        return ""
+    return raw

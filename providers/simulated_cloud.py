@@ -3,9 +3,9 @@ the sync tests use.
 
 Why: quota/price sync and the actuator's node orders must be exercised without a cloud
 account, with the same contract as providers/aws.py (regions, offers with prices, quotas,
-`scale_pool` to an absolute count within the vCPU quota). Prices come from the offline
-catalog (times `price_factor`); faults (`error_rate`: throttling, 5xx, timeouts, equally)
-come from a seeded RNG before any state changes.
+`scale_pool` to an absolute count within the vCPU quota, `remove_nodes` of named machines).
+Prices come from the offline catalog (times `price_factor`); faults (`error_rate`:
+throttling, 5xx, timeouts, equally) come from a seeded RNG before any state changes.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from providers.base import Capability, Offer, Quota, Region
 from providers.catalog import Catalog
+from providers.cloud import new_names
 from providers.errors import (
     NotFoundError,
     QuotaExceededError,
@@ -53,7 +54,8 @@ class SimulatedCloudProvider:
         self.name = self.options.provider
         self._catalog = catalog
         self._rng = random.Random(self.options.seed)
-        self._pools: dict[tuple[str, str], int] = {}
+        self._pools: dict[tuple[str, str], list[str]] = {}  # (region, pool) -> machines
+        self._vcpu: dict[tuple[str, str], float] = {}  # (region, pool) -> vCPUs per machine
         self._used_vcpu: dict[str, float] = {}
         self.calls = 0
 
@@ -118,13 +120,31 @@ class SimulatedCloudProvider:
         self._check_region(region)
         offer = self.catalog.offer(self.name, region, instance_type)
         await self._maybe_fail(region)
-        before = self._pools.get((region, pool), 0)
-        used = self._used_vcpu.get(region, 0.0) + (nodes - before) * offer.vcpu
+        current = self._pools.get((region, pool), [])
+        used = self._used_vcpu.get(region, 0.0) + (nodes - len(current)) * offer.vcpu
         if used > self.options.quota_vcpu:
             raise QuotaExceededError(
                 f"{nodes} x {instance_type} would use {used:g} vCPUs "
                 f"> quota {self.options.quota_vcpu:g}", provider=self.name, region=region,
             )
-        self._pools[(region, pool)] = nodes
+        if nodes > len(current):
+            current = current + new_names(f"skyfed-{pool}", current, nodes - len(current))
+        self._pools[(region, pool)] = sorted(current)[:nodes]
+        self._vcpu[(region, pool)] = offer.vcpu
         self._used_vcpu[region] = used
         return nodes
+
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+        """Remove the named machines of `pool` (`skyfed-<pool>-<i>`), never another."""
+        self._check_region(region)
+        await self._maybe_fail(region)
+        current = self._pools.get((region, pool), [])
+        keep = [m for m in current if m not in set(nodes)]
+        self._pools[(region, pool)] = keep
+        self._used_vcpu[region] = self._used_vcpu.get(region, 0.0) - \
+            (len(current) - len(keep)) * self._vcpu.get((region, pool), 0.0)
+        return len(keep)
+
+    def machines(self, region: str, pool: str) -> list[str]:
+        """The names of `pool`'s machines (what `remove_nodes` takes)."""
+        return list(self._pools.get((region, pool), []))

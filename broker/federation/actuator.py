@@ -18,8 +18,10 @@ on what it acts on) and moves each one step on:
   back to pending (`workload.consolidated`), and the next epoch places them again; the
   decision is refused, and nothing stopped, when any of them is not restartable (a service,
   or a job that has not accepted being stopped: consolidate.restartable) or the cluster has
-  no driver to say what runs there. Through a cloud node group (`attrs.scaling`) the provider
-  picks which instances go when the count drops, as for idle scale-in.
+  no driver to say what runs there. Through a cloud node group (`attrs.scaling`) exactly the
+  named nodes' machines are terminated (`CloudProvider.remove_nodes`, each machine named by
+  the node's providerID), for a drain as for an idle scale-in: never another node, which may
+  run work.
 - **prewarm** of images and data: `PrewarmingDriver.prewarm` (a pre-pull DaemonSet and
   data-copy Jobs on Kubernetes, the agent's prewarm command on an edge site), then wait for
   `prewarm_done`. A driver without `Capability.PREWARM`: refused with the reason.
@@ -57,6 +59,7 @@ from providers.base import (
     Capability,
     CloudProvider,
     ClusterDriver,
+    NodeInventory,
     PrewarmData,
     PrewarmingDriver,
     PrewarmSpec,
@@ -239,8 +242,14 @@ class Actuator:
             return Outcome("refused", event="refused", error=route.reason,
                            data={"nodes": names})
         drained = [str(w) for w in rec.spec.get("drained") or []]
-        if reason == "consolidate" and rec.step != "drained":
-            on = await self._on_nodes(rec.cluster, names)
+        draining = reason == "consolidate" and rec.step != "drained"
+        # Read once: what runs on the nodes (a drain) and their machines (a node group).
+        # A driver's error here is retried (backoff), not read as "no driver".
+        driver = self._drivers.get(rec.cluster)
+        inventory = await driver.inventory() \
+            if driver is not None and (draining or route.how == "account") else None
+        if draining:
+            on = self._on_nodes(inventory, names)
             why = await self._unrestartable(rec.cluster, names, on)
             if why or on is None:
                 return Outcome("refused", event="refused", error=why, data={"nodes": names})
@@ -251,22 +260,22 @@ class Actuator:
                 await uow.decisions.set_state(rec.id, "running", step="drained",
                                               spec={"drained": drained})
         count = await scaling.remove_nodes(route, cluster, rec.pool, names,
-                                           int(rec.spec["target_nodes"]),
-                                           drivers=self._drivers, accounts=self._accounts)
+                                           drivers=self._drivers, accounts=self._accounts,
+                                           inventory=inventory)
         async with self._store.unit() as uow:
             await uow.clusters.set_pool_usage(rec.cluster, rec.pool, nodes=count)
         return Outcome("done", event="done", data={"nodes": count, "removed": names,
                                                    "reason": reason, "drained": drained})
 
-    async def _on_nodes(self, cluster: str, names: Sequence[str]) -> list[str] | None:
-        """Ids of the broker's workloads with replicas on the named nodes of `cluster`, from
-        its driver's inventory; None when there is no driver to ask."""
-        driver = self._drivers.get(cluster)
-        if driver is None:
+    @staticmethod
+    def _on_nodes(inventory: Sequence[NodeInventory] | None,
+                  names: Sequence[str]) -> list[str] | None:
+        """Ids of the broker's workloads with replicas on the named nodes, from the driver's
+        `inventory`; None when there is none (no driver to ask)."""
+        if inventory is None:
             return None
         wanted = set(names)
-        return sorted({w for n in await driver.inventory() if n.name in wanted
-                       for w in n.workloads})
+        return sorted({w for n in inventory if n.name in wanted for w in n.workloads})
 
     async def _unrestartable(self, cluster: str, names: Sequence[str],
                              on: Sequence[str] | None) -> str:

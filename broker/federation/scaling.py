@@ -30,6 +30,7 @@ from providers.base import (
     Capability,
     CloudProvider,
     ClusterDriver,
+    NodeInventory,
     PoolScalingDriver,
 )
 from providers.errors import ProviderError
@@ -110,25 +111,42 @@ async def set_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str, nodes: int
 
 
 async def remove_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str,
-                       names: Sequence[str], target: int, *,
+                       names: Sequence[str], *,
                        drivers: Mapping[str, ClusterDriver],
-                       accounts: Mapping[str, CloudProvider]) -> int:
-    """Remove `names` (a driver removes exactly those, empty ones only); a cloud node group
-    only takes a count (`target`), and the provider picks which instances go."""
+                       accounts: Mapping[str, CloudProvider],
+                       inventory: Sequence[NodeInventory] | None = None) -> int:
+    """Remove exactly the nodes `names` and return the pool's count. A driver removes them
+    (empty ones only). A cloud node group terminates their machines, each named as its
+    cloud knows it (`NodeInventory.instance`: the tail of the node's providerID, else its
+    name; `inventory` is the driver's, read here when not given), as the Cluster
+    Autoscaler's DeleteNodes does, so a node the planner did not name, which may run work,
+    never goes in its place."""
     if route.how == "account":
-        return await set_nodes(route, rec, pool, target, drivers=drivers, accounts=accounts)
+        if inventory is None:
+            inventory = await read_inventory(drivers.get(rec.cluster.name)) or ()
+        known = {n.name: n.instance for n in inventory}
+        return await accounts[route.account].remove_nodes(
+            region=rec.cluster.region, pool=route.group,
+            nodes=[known.get(name, name) for name in names])
     driver = drivers[rec.cluster.name]
     if route.how != "driver" or not isinstance(driver, PoolScalingDriver):
         raise ProviderError(route.reason or "cannot scale", provider="skyfed")
     return await driver.remove_nodes(pool=pool, nodes=list(names))
 
 
-async def observed_nodes(driver: ClusterDriver | None, pool: str) -> int | None:
-    """Nodes of `pool` in the driver's inventory (joined, booted); None when unknown."""
+async def read_inventory(driver: ClusterDriver | None) -> list[NodeInventory] | None:
+    """The driver's node inventory; None without a driver or when it cannot answer."""
     if driver is None:
         return None
     try:
-        inventory = await driver.inventory()
+        return await driver.inventory()
     except ProviderError:
+        return None
+
+
+async def observed_nodes(driver: ClusterDriver | None, pool: str) -> int | None:
+    """Nodes of `pool` in the driver's inventory (joined, booted); None when unknown."""
+    inventory = await read_inventory(driver)
+    if inventory is None:
         return None
     return sum(1 for n in inventory if n.pool == pool)

@@ -234,9 +234,70 @@ async def test_gcp_scale_pool_posts_a_labelled_instance(tmp_path: Path) -> None:
     assert "POST /compute/v1/projects/project_name/zones/us-central1-a/instances" in state.requests
 
 
+async def test_aws_remove_nodes_terminates_exactly_the_named_instances(moto_port: int) -> None:
+    """A scale-in names the node to go; the node group must lose that machine, not the last
+    one by name (which may run work). Named by instance id (an EKS node's providerID tail) or
+    private DNS name (an EKS node's name)."""
+    import asyncio
+
+    probe = _aws(moto_port)
+    drv = probe._driver("us-east-1")  # type: ignore[attr-defined]
+    image = drv.list_images()[0].id
+    p = _aws(moto_port, image_id=image)
+    labels = {"skyfed.io/cluster": "c1"}
+    assert await p.scale_pool(region="us-east-1", pool="named", instance_type="m5.large",
+                              nodes=3, labels=labels) == 3
+
+    async def pool() -> dict[str, object]:
+        nodes = await asyncio.to_thread(drv.list_nodes, ex_filters={
+            "tag:skyfed.io/pool": "named", "instance-state-name": ["pending", "running"]})
+        return {n.name: n for n in nodes}
+
+    first = await pool()
+    assert sorted(first) == ["skyfed-named-0", "skyfed-named-1", "skyfed-named-2"]
+    middle = first["skyfed-named-1"].id  # type: ignore[attr-defined]
+    assert await p.remove_nodes(region="us-east-1", pool="named", nodes=[middle]) == 2
+    assert sorted(await pool()) == ["skyfed-named-0", "skyfed-named-2"]
+    # A name no machine of the group has (already gone, or another group's) removes nothing.
+    assert await p.remove_nodes(region="us-east-1", pool="named",
+                                nodes=[middle, "i-0000000000000000f"]) == 2
+    dns = first["skyfed-named-0"].extra["private_dns"]  # type: ignore[attr-defined]
+    assert dns
+    assert await p.remove_nodes(region="us-east-1", pool="named", nodes=[dns]) == 1
+    assert sorted(await pool()) == ["skyfed-named-2"]
+    # The next order fills the gaps instead of naming a machine after one still running.
+    assert await p.scale_pool(region="us-east-1", pool="named", instance_type="m5.large",
+                              nodes=3, labels=labels) == 3
+    assert sorted(await pool()) == ["skyfed-named-0", "skyfed-named-1", "skyfed-named-2"]
+
+
+async def test_gcp_remove_nodes_deletes_only_the_named_instance(tmp_path: Path) -> None:
+    from tests.contract.fixture_server import FIXTURES
+
+    state = FixtureState("gce")
+    listing = json.loads((FIXTURES / "gce" / "zones_us-central1-a_instances.json").read_text())
+    template = listing["items"][0]
+    listing["items"] = [{**template, "name": n, "id": str(100 + i),
+                         "labels": {"skyfed-io-pool": "gpu"}}
+                        for i, n in enumerate(("lcnode-000", "lcnode-001", "node-name"))]
+    state.extra["/compute/v1/projects/project_name/zones/us-central1-a/instances"] = listing
+    op = "operation-zones_us-central1-a_instances_lcnode-001_delete"  # the recorded DELETE's
+    state.extra[f"/compute/v1/projects/project_name/zones/us-central1-a/operations/{op}"] = \
+        json.loads((FIXTURES / "gce" / f"operations_{op.replace('-', '_', 1)}.json")
+                   .read_text())
+    with serve(state) as port:
+        p = _gcp(port, tmp_path)
+        await p.remove_nodes(region="us-central1", pool="gpu", nodes=["lcnode-001", "gone-7"])
+    deletes = [r for r in state.requests if r.startswith("DELETE ")]
+    assert deletes == ["DELETE /compute/v1/projects/project_name/zones/us-central1-a/instances/"
+                       "lcnode-001"]
+
+
 async def test_azure_declares_no_scale_pool() -> None:
     p = _azure(1)
     assert Capability.SCALE_POOL not in p.capabilities
     with pytest.raises(ProviderError, match="AKS"):
         await p.scale_pool(region="eastus", pool="p", instance_type="Standard_D2s_v3", nodes=1,
                            labels={})
+    with pytest.raises(ProviderError, match="AKS"):
+        await p.remove_nodes(region="eastus", pool="p", nodes=["aks-p-0"])

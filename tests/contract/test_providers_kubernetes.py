@@ -197,7 +197,8 @@ async def test_inventory_from_nodes(k8s: tuple[Any, KubernetesDriver]) -> None:
             "skyfed.io/pool": "gpu-a100", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
             "skyfed.io/gpu-interconnect": "nvlink-full"}},
         "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present",
-                             "effect": "NoSchedule"}]},
+                             "effect": "NoSchedule"}],
+                 "providerID": "gce://proj-1/europe-west4-a/gke-gpu-a100-7f3c"},
         "status": {"allocatable": {"cpu": "95500m", "memory": "1100Gi", "nvidia.com/gpu": "8"},
                    "conditions": [{"type": "Ready", "status": "True"}]},
     }
@@ -218,6 +219,9 @@ async def test_inventory_from_nodes(k8s: tuple[Any, KubernetesDriver]) -> None:
     assert node.topology.interconnect is Interconnect.NVLINK_FULL
     assert node.topology.gpu_model == "NVIDIA-A100-SXM4-80GB"
     assert node.taints == ("nvidia.com/gpu=present:NoSchedule",)
+    # The machine as its cloud names it: what a scale-in through a node group terminates.
+    assert node.provider_id == "gce://proj-1/europe-west4-a/gke-gpu-a100-7f3c"
+    assert node.instance == "gke-gpu-a100-7f3c"
 
 
 def test_malformed_kubeconfig_names_the_file(tmp_path: Path) -> None:

@@ -18,12 +18,14 @@ from broker.clock import ManualClock
 from broker.domain import Cluster, DataSource, FederationSnapshot, Pool, Resources
 from broker.federation.actuator import Actuator
 from broker.federation.decision_log import record_decisions
+from broker.placement.kinds import PoolScaleIn
 from broker.placement.planner import EpochPlan, PoolScale, Prewarm, SolveStats
 from broker.settings import ActuatorSettings
 from broker.store import Store
 from providers.aws import AwsOptions, AwsProvider
 from providers.base import ClusterDriver, Quota
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
+from providers.kubernetes_objects import ID_LABEL, MANAGED_LABEL
 from providers.kubernetes_prewarm import copy_name, prepull_name
 from providers.simulated import SimPool, SimulatedClusterDriver
 from tests.contract.k8s_emulator import Emulator
@@ -117,6 +119,75 @@ async def test_scale_up_through_a_declared_ec2_node_group_on_moto(
     await act.act_once()
     kinds = [k for k, _ in await _events(store, "scale.")]
     assert kinds == ["scale.ordered", "scale.failed"]
+
+
+async def test_a_scale_in_through_an_ec2_node_group_terminates_the_named_node(
+        store: Store, moto_port: int) -> None:  # noqa: F811
+    """EKS names a node after its private DNS and gives its instance in spec.providerID. The
+    planner names the idle node to go; before, the adapter only set the group's count and
+    terminated the last instance by name: here the one that runs a service's replica."""
+    base = {"endpoint_host": "127.0.0.1", "endpoint_port": moto_port, "secure": False,
+            "timeout_s": 10}
+    probe = AwsProvider(AwsOptions("AKIDNAMED", "secret-named", **base))  # type: ignore[arg-type]
+    image = probe._driver("us-east-1").list_images()[0].id
+    aws = AwsProvider(AwsOptions("AKIDNAMED", "secret-named", image_id=image,
+                                 **base))  # type: ignore[arg-type]
+    group = "eks-named-cpu"
+    assert await aws.scale_pool(region="us-east-1", pool=group, instance_type="m5.large",
+                                nodes=3, labels={"skyfed.io/cluster": "eks-named"}) == 3
+    ec2 = aws._driver("us-east-1")
+
+    async def machines() -> dict[str, Any]:
+        listed = await asyncio.to_thread(ec2.list_nodes, ex_filters={
+            "tag:skyfed.io/pool": group, "instance-state-name": ["pending", "running"]})
+        return {n.name: n for n in listed}
+
+    by_tag = await machines()
+    assert sorted(by_tag) == [f"skyfed-{group}-{i}" for i in range(3)]
+    pool = Pool(name="cpu", instance_type="m5.large", node=Resources(2, 8, 0), nodes=3,
+                max_nodes=5, price_usd_per_hour=0.096)
+    cluster = Cluster(name="eks-named", provider="aws", region="us-east-1", pools=(pool,))
+    async with store.unit() as uow:
+        await uow.tenants.ensure("admin")
+        await uow.clusters.upsert(cluster, tenant="admin", attrs={
+            "scaling": {"account": "aws-act", "groups": {"cpu": group}}})
+    nodes_res, pods_res = kmock.resource("", "v1", "nodes"), kmock.resource("", "v1", "pods")
+    node_of: dict[str, str] = {}  # instance Name tag -> the Kubernetes node EKS made of it
+    async with Emulator() as k, kmock.Server(k) as srv:
+        with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
+            warnings.simplefilter("ignore", DeprecationWarning)
+            k.resources.load_bundled()
+        for i, (tag, inst) in enumerate(sorted(by_tag.items())):
+            name = f"ip-10-0-0-{10 + i}.ec2.internal"
+            node_of[tag] = name
+            k.objects[nodes_res, None, name] = {
+                "metadata": {"name": name, "labels": {"skyfed.io/pool": "cpu"}},
+                "spec": {"providerID": f"aws:///us-east-1a/{inst.id}"},
+                "status": {"allocatable": {"cpu": "2", "memory": "8Gi"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+        busy = node_of[f"skyfed-{group}-2"]
+        k.objects[pods_res, NS, "shop-0"] = {
+            "metadata": {"name": "shop-0", "namespace": NS,
+                         "labels": {MANAGED_LABEL: "skyfed", ID_LABEL: "w-shop"}},
+            "spec": {"nodeName": busy, "containers": [
+                {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}]},
+            "status": {"phase": "Running"}}
+        api = client.ApiClient(configuration=client.Configuration(host=str(srv.url)))
+        try:
+            kube = KubernetesDriver("eks-named", KubernetesOptions(namespace=NS, timeout_s=5),
+                                    api_client=api)
+            idle = node_of[f"skyfed-{group}-0"]
+            clock = ManualClock(1000.0)
+            await _record(store, EpochPlan((), {}, (), STATS, scale_in=(
+                PoolScaleIn("eks-named", "cpu", (idle,)),)), (cluster,), clock.now())
+            act = Actuator(store, {"eks-named": kube}, clock, accounts={"aws-act": aws})
+            await act.act_once()
+        finally:
+            await asyncio.to_thread(api.close)
+    [(kind, data)] = await _events(store, "scale_in.")
+    assert (kind, data["removed"], data["nodes"]) == ("scale_in.done", [idle], 2)
+    # The idle node's machine went; the one running the service's replica stayed.
+    assert sorted(await machines()) == [f"skyfed-{group}-1", f"skyfed-{group}-2"]
 
 
 @pytest.fixture

@@ -33,3 +33,21 @@ async def test_the_simulated_driver_reports_the_workloads_on_each_node() -> None
     assert sorted(len(ids) for ids in on.values()) == [1, 2]
     assert set().union(*on.values()) == {"w1", "w2"}
     assert all("w1" in ids for ids in on.values())
+
+
+def test_a_node_names_its_machine_by_its_provider_id_else_its_name() -> None:
+    from providers.kubernetes_objects import node_inventory
+
+    def node(provider_id: object) -> dict[str, Any]:
+        spec = {} if provider_id is None else {"providerID": provider_id}
+        return {"metadata": {"name": "ip-10-0-1-7.ec2.internal"}, "spec": spec, "status": {}}
+
+    used = (0.0, 0.0, 0.0, 0)
+    eks = node_inventory(node("aws:///us-east-1a/i-0abc123def4567890"), used)
+    assert (eks.provider_id, eks.instance) == ("aws:///us-east-1a/i-0abc123def4567890",
+                                               "i-0abc123def4567890")
+    # No providerID (kind, a bare-metal cluster), or one that is not plain bounded text: the
+    # node's own name, which EC2 matches against a private DNS name and GCE against a name.
+    for bad in (None, "", "aws:///us-east-1a/i-0abc\n", "x" * 513, 7):
+        inv = node_inventory(node(bad), used)
+        assert (inv.provider_id, inv.instance) == ("", "ip-10-0-1-7.ec2.internal")

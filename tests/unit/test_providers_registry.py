@@ -47,6 +47,27 @@ async def test_simulated_cloud_quota_and_prices() -> None:
         await p.get_quotas(region="eu-west-1")
 
 
+async def test_simulated_cloud_removes_exactly_the_named_machines() -> None:
+    from providers.simulated_cloud import SimulatedCloudOptions, SimulatedCloudProvider
+
+    p = SimulatedCloudProvider(SimulatedCloudOptions(quota_vcpu=6))
+    assert await p.scale_pool(region="us-east-1", pool="a", instance_type="m5.large", nodes=3,
+                              labels={}) == 3
+    assert p.machines("us-east-1", "a") == ["skyfed-a-0", "skyfed-a-1", "skyfed-a-2"]
+    assert await p.remove_nodes(region="us-east-1", pool="a",
+                                nodes=["skyfed-a-1", "skyfed-b-0"]) == 2
+    assert p.machines("us-east-1", "a") == ["skyfed-a-0", "skyfed-a-2"]
+    (vcpu, _gpu) = await p.get_quotas(region="us-east-1")
+    assert vcpu.used == 4  # the removed machine's 2 vCPUs went back to the quota
+    # The next order fills the gap; the quota holds exactly the three machines again.
+    assert await p.scale_pool(region="us-east-1", pool="a", instance_type="m5.large", nodes=3,
+                              labels={}) == 3
+    assert p.machines("us-east-1", "a") == ["skyfed-a-0", "skyfed-a-1", "skyfed-a-2"]
+    with pytest.raises(QuotaExceededError):
+        await p.scale_pool(region="us-east-1", pool="a", instance_type="m5.large", nodes=4,
+                           labels={})
+
+
 def test_sim_pool_from_offer() -> None:
     pool = SimPool.from_offer("gpu", Catalog.load().offer("aws", "us-east-1", "p4d.24xlarge"),
                               nodes=2)
