@@ -21,7 +21,7 @@ on what it acts on) and moves each one step on:
   no driver to say what runs there. Through a cloud node group (`attrs.scaling`) exactly the
   named nodes' machines are terminated (`CloudProvider.remove_nodes`, each machine named by
   the node's providerID), for a drain as for an idle scale-in: never another node, which may
-  run work.
+  run work; a named node the inventory shows running work the plan did not see is kept.
 - **prewarm** of images and data: `PrewarmingDriver.prewarm` (a pre-pull DaemonSet and
   data-copy Jobs on Kubernetes, the agent's prewarm command on an edge site), then wait for
   `prewarm_done`. A driver without `Capability.PREWARM`: refused with the reason.
@@ -49,6 +49,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from broker.clock import Clock, sleep_or_stop
 from broker.errors import BrokerError, NotFoundError
 from broker.federation import scaling
+from broker.federation.inventory import empty_node
 from broker.federation.metrics import ACTUATIONS
 from broker.federation.migration import Migrator
 from broker.federation.preempt import evict, stop_replicas
@@ -73,6 +74,21 @@ log = logging.getLogger(__name__)
 
 POOL_KINDS = ("scale", "scale_in", "prewarm")
 FINAL = ("done", "refused", "failed", "superseded")
+
+
+def _busy(inventory: Sequence[NodeInventory], names: Sequence[str],
+          drained: set[str]) -> list[str]:
+    """The named nodes the inventory shows running work other than `drained`'s (a node it
+    does not list is not busy: it is gone, or has not joined)."""
+    by_name = {n.name: n for n in inventory}
+    out = []
+    for name in names:
+        n = by_name.get(name)
+        if n is None:
+            continue
+        if set(n.workloads) - drained or (not n.workloads and not empty_node(n)):
+            out.append(name)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,13 +275,26 @@ class Actuator:
             async with self._store.unit() as uow:
                 await uow.decisions.set_state(rec.id, "running", step="drained",
                                               spec={"drained": drained})
-        count = await scaling.remove_nodes(route, cluster, rec.pool, names,
+        kept: list[str] = []
+        if route.how == "account" and inventory is not None:
+            # A cloud terminates a machine whatever runs on it (a driver removes empty nodes
+            # only), so a node that took work since the plan stays, as the Cluster Autoscaler
+            # re-checks a node before deleting it. Only the work this pass drained may be
+            # there: on a retried pass, that work may have been placed back on the node.
+            kept = _busy(inventory, names, set(drained) if draining else set())
+            if len(kept) == len(names):
+                return Outcome("refused", event="refused", data={"nodes": names},
+                               error=f"{', '.join(kept)} of {rec.cluster}/{rec.pool} run "
+                                     "work the plan did not see: not removed")
+        removed = [n for n in names if n not in kept]
+        count = await scaling.remove_nodes(route, cluster, rec.pool, removed,
                                            drivers=self._drivers, accounts=self._accounts,
                                            inventory=inventory)
         async with self._store.unit() as uow:
             await uow.clusters.set_pool_usage(rec.cluster, rec.pool, nodes=count)
-        return Outcome("done", event="done", data={"nodes": count, "removed": names,
-                                                   "reason": reason, "drained": drained})
+        return Outcome("done", event="done", data={"nodes": count, "removed": removed,
+                                                   "kept": kept, "reason": reason,
+                                                   "drained": drained})
 
     @staticmethod
     def _on_nodes(inventory: Sequence[NodeInventory] | None,

@@ -49,7 +49,8 @@ class PollResult:
     error: str = ""
 
 
-def _empty(n: NodeInventory) -> bool:
+def empty_node(n: NodeInventory) -> bool:
+    """No broker replica runs on the node (where the driver cannot tell: nothing requested)."""
     if n.replicas is not None:
         return n.replicas == 0
     return n.used_cpu <= 0 and n.used_gpu <= 0
@@ -63,7 +64,7 @@ def next_nodes(prev: Sequence[ObservedNode], reported: Sequence[NodeInventory], 
     out = []
     for n in reported:
         old = before.get(n.name)
-        empty = _empty(n)
+        empty = empty_node(n)
         idle = (old.idle_since_s if old is not None and old.idle_since_s is not None else now_s) \
             if empty else None
         itype = next((n.labels[k] for k in INSTANCE_TYPE_LABELS if k in n.labels), "")

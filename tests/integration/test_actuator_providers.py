@@ -8,6 +8,8 @@ import asyncio
 import socket
 import warnings
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import kmock
@@ -121,73 +123,128 @@ async def test_scale_up_through_a_declared_ec2_node_group_on_moto(
     assert kinds == ["scale.ordered", "scale.failed"]
 
 
-async def test_a_scale_in_through_an_ec2_node_group_terminates_the_named_node(
-        store: Store, moto_port: int) -> None:  # noqa: F811
-    """EKS names a node after its private DNS and gives its instance in spec.providerID. The
-    planner names the idle node to go; before, the adapter only set the group's count and
-    terminated the last instance by name: here the one that runs a service's replica."""
+@dataclass
+class _Eks:
+    """An EKS-like cluster: an EC2 node group of three machines on moto, and kmock's
+    Kubernetes API listing a node for each (named after its private DNS, its instance in
+    spec.providerID), all registered with a declared node-group hook."""
+
+    aws: AwsProvider
+    cluster: Cluster
+    kube: KubernetesDriver
+    k: Any
+    node_of: dict[str, str]  # machine (Name tag) -> its Kubernetes node
+    group: str
+
+    async def machines(self) -> list[str]:
+        ec2 = self.aws._driver("us-east-1")
+        listed = await asyncio.to_thread(ec2.list_nodes, ex_filters={
+            "tag:skyfed.io/pool": self.group, "instance-state-name": ["pending", "running"]})
+        return sorted(n.name for n in listed)
+
+    def run_on(self, node: str, wid: str) -> None:
+        self.k.objects[kmock.resource("", "v1", "pods"), NS, f"{wid}-0"] = {
+            "metadata": {"name": f"{wid}-0", "namespace": NS,
+                         "labels": {MANAGED_LABEL: "skyfed", ID_LABEL: wid}},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}]},
+            "status": {"phase": "Running"}}
+
+
+@asynccontextmanager
+async def _eks_group(store: Store, moto_port: int, name: str) -> AsyncIterator[_Eks]:  # noqa: F811
     base = {"endpoint_host": "127.0.0.1", "endpoint_port": moto_port, "secure": False,
             "timeout_s": 10}
     probe = AwsProvider(AwsOptions("AKIDNAMED", "secret-named", **base))  # type: ignore[arg-type]
     image = probe._driver("us-east-1").list_images()[0].id
     aws = AwsProvider(AwsOptions("AKIDNAMED", "secret-named", image_id=image,
                                  **base))  # type: ignore[arg-type]
-    group = "eks-named-cpu"
+    group = f"{name}-cpu"
     assert await aws.scale_pool(region="us-east-1", pool=group, instance_type="m5.large",
-                                nodes=3, labels={"skyfed.io/cluster": "eks-named"}) == 3
-    ec2 = aws._driver("us-east-1")
-
-    async def machines() -> dict[str, Any]:
-        listed = await asyncio.to_thread(ec2.list_nodes, ex_filters={
-            "tag:skyfed.io/pool": group, "instance-state-name": ["pending", "running"]})
-        return {n.name: n for n in listed}
-
-    by_tag = await machines()
-    assert sorted(by_tag) == [f"skyfed-{group}-{i}" for i in range(3)]
+                                nodes=3, labels={"skyfed.io/cluster": name}) == 3
+    listed = await asyncio.to_thread(aws._driver("us-east-1").list_nodes, ex_filters={
+        "tag:skyfed.io/pool": group, "instance-state-name": ["pending", "running"]})
+    assert sorted(n.name for n in listed) == [f"skyfed-{group}-{i}" for i in range(3)]
     pool = Pool(name="cpu", instance_type="m5.large", node=Resources(2, 8, 0), nodes=3,
                 max_nodes=5, price_usd_per_hour=0.096)
-    cluster = Cluster(name="eks-named", provider="aws", region="us-east-1", pools=(pool,))
+    cluster = Cluster(name=name, provider="aws", region="us-east-1", pools=(pool,))
     async with store.unit() as uow:
         await uow.tenants.ensure("admin")
         await uow.clusters.upsert(cluster, tenant="admin", attrs={
             "scaling": {"account": "aws-act", "groups": {"cpu": group}}})
-    nodes_res, pods_res = kmock.resource("", "v1", "nodes"), kmock.resource("", "v1", "pods")
-    node_of: dict[str, str] = {}  # instance Name tag -> the Kubernetes node EKS made of it
+    nodes_res = kmock.resource("", "v1", "nodes")
     async with Emulator() as k, kmock.Server(k) as srv:
         with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
             warnings.simplefilter("ignore", DeprecationWarning)
             k.resources.load_bundled()
-        for i, (tag, inst) in enumerate(sorted(by_tag.items())):
-            name = f"ip-10-0-0-{10 + i}.ec2.internal"
-            node_of[tag] = name
-            k.objects[nodes_res, None, name] = {
-                "metadata": {"name": name, "labels": {"skyfed.io/pool": "cpu"}},
+        node_of = {}
+        for i, inst in enumerate(sorted(listed, key=lambda n: n.name)):
+            node = f"ip-10-0-0-{10 + i}.ec2.internal"
+            node_of[inst.name] = node
+            k.objects[nodes_res, None, node] = {
+                "metadata": {"name": node, "labels": {"skyfed.io/pool": "cpu"}},
                 "spec": {"providerID": f"aws:///us-east-1a/{inst.id}"},
                 "status": {"allocatable": {"cpu": "2", "memory": "8Gi"},
                            "conditions": [{"type": "Ready", "status": "True"}]}}
-        busy = node_of[f"skyfed-{group}-2"]
-        k.objects[pods_res, NS, "shop-0"] = {
-            "metadata": {"name": "shop-0", "namespace": NS,
-                         "labels": {MANAGED_LABEL: "skyfed", ID_LABEL: "w-shop"}},
-            "spec": {"nodeName": busy, "containers": [
-                {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}]},
-            "status": {"phase": "Running"}}
         api = client.ApiClient(configuration=client.Configuration(host=str(srv.url)))
         try:
-            kube = KubernetesDriver("eks-named", KubernetesOptions(namespace=NS, timeout_s=5),
-                                    api_client=api)
-            idle = node_of[f"skyfed-{group}-0"]
-            clock = ManualClock(1000.0)
-            await _record(store, EpochPlan((), {}, (), STATS, scale_in=(
-                PoolScaleIn("eks-named", "cpu", (idle,)),)), (cluster,), clock.now())
-            act = Actuator(store, {"eks-named": kube}, clock, accounts={"aws-act": aws})
-            await act.act_once()
+            yield _Eks(aws, cluster, KubernetesDriver(name, KubernetesOptions(
+                namespace=NS, timeout_s=5), api_client=api), k, node_of, group)
         finally:
             await asyncio.to_thread(api.close)
-    [(kind, data)] = await _events(store, "scale_in.")
-    assert (kind, data["removed"], data["nodes"]) == ("scale_in.done", [idle], 2)
-    # The idle node's machine went; the one running the service's replica stayed.
-    assert sorted(await machines()) == [f"skyfed-{group}-1", f"skyfed-{group}-2"]
+
+
+async def test_a_scale_in_through_an_ec2_node_group_terminates_the_named_node(
+        store: Store, moto_port: int) -> None:  # noqa: F811
+    """The planner names the idle node to go; before, the adapter only set the group's count
+    and terminated the last instance by name: here the one that runs a service's replica."""
+    async with _eks_group(store, moto_port, "eks-named") as eks:
+        g = eks.group
+        idle, busy = eks.node_of[f"skyfed-{g}-0"], eks.node_of[f"skyfed-{g}-2"]
+        eks.run_on(busy, "w-shop")
+        clock = ManualClock(1000.0)
+        await _record(store, EpochPlan((), {}, (), STATS, scale_in=(
+            PoolScaleIn("eks-named", "cpu", (idle,)),)), (eks.cluster,), clock.now())
+        act = Actuator(store, {"eks-named": eks.kube}, clock, accounts={"aws-act": eks.aws})
+        await act.act_once()
+        [(kind, data)] = await _events(store, "scale_in.")
+        assert (kind, data["removed"], data["nodes"]) == ("scale_in.done", [idle], 2)
+        # The idle node's machine went; the one running the service's replica stayed.
+        assert await eks.machines() == [f"skyfed-{g}-1", f"skyfed-{g}-2"]
+        # A node that took work after the plan named it stays: a cloud would terminate its
+        # machine whatever runs there.
+        await _record(store, EpochPlan((), {}, (), STATS, scale_in=(
+            PoolScaleIn("eks-named", "cpu", (busy,)),)), (eks.cluster,), clock.now())
+        await act.act_once()
+        kind, data = (await _events(store, "scale_in."))[-1]
+        assert kind == "scale_in.refused"
+        assert f"{busy} of eks-named/cpu run work the plan did not see" in str(data["error"])
+        assert await eks.machines() == [f"skyfed-{g}-1", f"skyfed-{g}-2"]
+
+
+async def test_a_retried_consolidation_keeps_a_node_its_drained_work_came_back_to(
+        store: Store, moto_port: int) -> None:  # noqa: F811
+    """A consolidation drained w-job off a node, then its removal failed; by the retry the
+    next epoch had placed w-job back on that node. The drain is not repeated (c010e66), and
+    the machine must not be terminated under the job either."""
+    async with _eks_group(store, moto_port, "eks-retry") as eks:
+        g = eks.group
+        node = eks.node_of[f"skyfed-{g}-0"]
+        clock = ManualClock(1000.0)
+        await _record(store, EpochPlan((), {}, (), STATS, scale_in=(
+            PoolScaleIn("eks-retry", "cpu", (node,), reason="consolidate"),)),
+            (eks.cluster,), clock.now())
+        async with store.unit() as uow:
+            [rec] = await uow.decisions.list_open(kinds=("scale_in",))
+            await uow.decisions.set_state(rec.id, "running", step="drained",
+                                          spec={"drained": ["w-job"]})
+        eks.run_on(node, "w-job")  # placed back by the next epoch
+        act = Actuator(store, {"eks-retry": eks.kube}, clock, accounts={"aws-act": eks.aws})
+        await act.act_once()
+        [(kind, data)] = await _events(store, "scale_in.")
+        assert kind == "scale_in.refused"
+        assert node in str(data["error"])
+        assert await eks.machines() == [f"skyfed-{g}-{i}" for i in range(3)]
 
 
 @pytest.fixture
