@@ -7,8 +7,8 @@
   usage, and the vCPUs of running instances (used) against ``AwsOptions.vcpu_limit`` when set
   (Service Quotas' "Running On-Demand Standard instances" is a separate API libcloud lacks).
 - scale_pool: instances tagged ``skyfed.io/pool=<pool>`` (plus the cluster's labels) are created
-  or terminated until the pool has the requested count; remove_nodes terminates exactly the
-  named instances of the pool (instance id, Name tag or private DNS name).
+  until the pool has at least the requested count; remove_nodes terminates exactly the named
+  instances of the pool (instance id, Name tag or private DNS name).
 
 EC2-compatible endpoints (moto, LocalStack) are reached with ``endpoint_host``/``endpoint_port``;
 they answer with the API namespace without libcloud's trailing ``/``, which ``_CompatResponse``
@@ -188,7 +188,8 @@ class AwsProvider(LibcloudBase):
         self, *, region: str, pool: str, instance_type: str, nodes: int,
         labels: Mapping[str, str],
     ) -> int:
-        """Create or terminate tagged instances until `pool` has `nodes`; returns the count."""
+        """Create tagged instances until `pool` has at least `nodes`; returns the count. It
+        never terminates one (see CloudProvider.scale_pool): remove_nodes does, by name."""
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         drv = self._driver(region)
@@ -210,9 +211,6 @@ class AwsProvider(LibcloudBase):
                 await self._call(drv.create_node, name=name,
                                  size=sizes[instance_type], image=image, ex_metadata=tags,
                                  region=region)
-        else:
-            for node in sorted(current, key=lambda n: n.name or "")[nodes:]:
-                await self._call(drv.destroy_node, node, region=region)
         return len(await self._pool_nodes(region, pool))
 
     async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:

@@ -266,7 +266,10 @@ class CloudProvider(Protocol):
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
         labels: Mapping[str, str],
-    ) -> int: ...
+    ) -> int:
+        """Grow node group `pool` to at least `nodes` machines; returns its count. It never
+        terminates a machine, which may run work: shrinking is `remove_nodes`, by name."""
+        ...
 
     async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
         """Terminate exactly the machines of node group `pool` that `nodes` names (each an

@@ -6,8 +6,8 @@
 - Quotas: the region resource's ``quotas`` (``CPUS`` -> ``vcpu``, ``INSTANCES`` -> ``instances``,
   ``NVIDIA_<X>_GPUS`` -> ``gpu:<X>``, the rest under their GCE metric name, lowercased).
 - scale_pool: instances labelled ``skyfed-io-pool=<pool>`` (GCE label keys allow no ``.``/``/``)
-  in the region's first zone are created/destroyed to the requested count; remove_nodes
-  deletes exactly the named instances of the pool.
+  in the region's first zone are created until the pool has at least the requested count;
+  remove_nodes deletes exactly the named instances of the pool.
 
 Auth: a service account (``auth_type="SA"``, ``client_email`` + key file), an installed-app
 token (``"IA"``) or the metadata server on GCE (``"GCE"``); libcloud caches the token in
@@ -172,9 +172,6 @@ class GcpProvider(LibcloudBase):
                     drv.create_node, name, instance_type,
                     self._opts.image, location=zone, ex_labels=gce_labels, region=region,
                 )
-        else:
-            for node in sorted(current, key=lambda n: n.name)[nodes:]:
-                await self._call(drv.destroy_node, node, region=region)
         return len(await self._pool_nodes(zone, pool))
 
     async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:

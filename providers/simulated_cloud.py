@@ -3,7 +3,7 @@ the sync tests use.
 
 Why: quota/price sync and the actuator's node orders must be exercised without a cloud
 account, with the same contract as providers/aws.py (regions, offers with prices, quotas,
-`scale_pool` to an absolute count within the vCPU quota, `remove_nodes` of named machines).
+`scale_pool` growing to a count within the vCPU quota, `remove_nodes` of named machines).
 Prices come from the offline catalog (times `price_factor`); faults (`error_rate`:
 throttling, 5xx, timeouts, equally) come from a seeded RNG before any state changes.
 """
@@ -121,18 +121,18 @@ class SimulatedCloudProvider:
         offer = self.catalog.offer(self.name, region, instance_type)
         await self._maybe_fail(region)
         current = self._pools.get((region, pool), [])
-        used = self._used_vcpu.get(region, 0.0) + (nodes - len(current)) * offer.vcpu
+        add = max(0, nodes - len(current))  # grows only (CloudProvider.scale_pool)
+        used = self._used_vcpu.get(region, 0.0) + add * offer.vcpu
         if used > self.options.quota_vcpu:
             raise QuotaExceededError(
                 f"{nodes} x {instance_type} would use {used:g} vCPUs "
                 f"> quota {self.options.quota_vcpu:g}", provider=self.name, region=region,
             )
-        if nodes > len(current):
-            current = current + new_names(f"skyfed-{pool}", current, nodes - len(current))
-        self._pools[(region, pool)] = sorted(current)[:nodes]
+        self._pools[(region, pool)] = sorted(
+            current + new_names(f"skyfed-{pool}", current, add))
         self._vcpu[(region, pool)] = offer.vcpu
         self._used_vcpu[region] = used
-        return nodes
+        return len(self._pools[(region, pool)])
 
     async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
         """Remove the named machines of `pool` (`skyfed-<pool>-<i>`), never another."""

@@ -6,9 +6,10 @@ A pool scales, in this order of preference:
 
 1. through the **node-pool hook the cluster declares** in its registration,
    `attrs.scaling = {"account": NAME, "groups": {POOL: GROUP}}`: the provider account `NAME`
-   (from `[sync] accounts_file`, docs/providers.md) sets the node count of cloud node group
-   `GROUP` (default: the pool's name) with `CloudProvider.scale_pool`, in the cluster's region
-   and with the pool's instance type. `{"enabled": false}` declares that it must not scale.
+   (from `[sync] accounts_file`, docs/providers.md) grows cloud node group `GROUP` (default:
+   the pool's name) with `CloudProvider.scale_pool`, in the cluster's region and with the
+   pool's instance type, and removes named machines with `CloudProvider.remove_nodes`.
+   `{"enabled": false}` declares that it must not scale.
 2. through its **driver**, when the driver declares `Capability.SCALE_POOL` and implements
    `providers.base.PoolScalingDriver` (the simulated driver; a cluster-autoscaler-style
    driver would too);
@@ -98,7 +99,8 @@ def scalable_pools(records: Sequence[ClusterRecord], *,
 async def set_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str, nodes: int, *,
                     drivers: Mapping[str, ClusterDriver],
                     accounts: Mapping[str, CloudProvider]) -> int:
-    """Set `pool`'s node count to `nodes` (ordered nodes included); returns the count."""
+    """Grow `pool` to `nodes` (ordered nodes included); returns the count. A driver's pool
+    shrinks to it by empty nodes only; a cloud node group never shrinks here."""
     if route.how == "account":
         spec = next(p for p in rec.cluster.pools if p.name == pool)
         return await accounts[route.account].scale_pool(

@@ -5,6 +5,7 @@ for a declared cloud node group, kmock's Kubernetes API for a pre-pull DaemonSet
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -245,6 +246,28 @@ async def test_a_retried_consolidation_keeps_a_node_its_drained_work_came_back_t
         assert kind == "scale_in.refused"
         assert node in str(data["error"])
         assert await eks.machines() == [f"skyfed-{g}-{i}" for i in range(3)]
+
+
+async def test_an_order_from_a_stale_count_terminates_no_machine(
+        store: Store, moto_port: int) -> None:  # noqa: F811
+    """The snapshot counted one node of the group (two had not joined yet when it was read),
+    so the plan's order asks for two; the group already has three, the last by name running a
+    service's replica. An order grows a group; before, it set the count and terminated it."""
+    async with _eks_group(store, moto_port, "eks-stale") as eks:
+        g = eks.group
+        eks.run_on(eks.node_of[f"skyfed-{g}-2"], "w-shop")
+        clock = ManualClock(1000.0)
+        stale = dataclasses.replace(eks.cluster, pools=(
+            dataclasses.replace(eks.cluster.pools[0], nodes=1),))
+        await _record(store, EpochPlan((), {}, (PoolScale("eks-stale", "cpu", 1),), STATS),
+                      (stale,), clock.now())
+        act = Actuator(store, {"eks-stale": eks.kube}, clock, accounts={"aws-act": eks.aws})
+        await act.act_once()
+        [(kind, data)] = await _events(store, "scale.")
+        assert (kind, data["target_nodes"], data["count"]) == ("scale.ordered", 2, 3)
+        assert await eks.machines() == [f"skyfed-{g}-{i}" for i in range(3)]
+        await act.act_once()  # the inventory shows the three: the order is done
+        assert [k for k, _ in await _events(store, "scale.")] == ["scale.ordered", "scale.done"]
 
 
 @pytest.fixture
