@@ -60,6 +60,7 @@ from providers.errors import (
     TransientError,
 )
 from providers.kubernetes_objects import (
+    ACTIVE_PODS_SELECTOR,
     HASH_ANNOTATION,
     ID_LABEL,
     MANAGED_LABEL,
@@ -419,7 +420,7 @@ class KubernetesDriver:
         try:
             pods = self._sanitize(await self._call(
                 self._core.list_pod_for_all_namespaces,
-                field_selector="status.phase=Running")).get("items") or []
+                field_selector=ACTIVE_PODS_SELECTOR)).get("items") or []
         except NotFoundError:
             pods = []
         used = requested_by_node(pods)

@@ -172,14 +172,27 @@ def status_of(obj: Mapping[str, Any]) -> DriverStatus | None:
     return deployment_status(wid, obj)
 
 
+# Phases of a pod that holds its node's resources: bound and not terminated. The
+# kube-scheduler counts a Pending pod bound to a node (pulling its image) against the node,
+# and a node where one is starting is not empty (the Cluster Autoscaler's view too).
+ACTIVE_PHASES = ("Pending", "Running")
+# The same, as a field selector for listing pods (a `!=` term per terminal phase).
+ACTIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _active(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase", "Running") in ACTIVE_PHASES
+
+
 def requested_by_node(pods: list[dict[str, Any]]
                       ) -> dict[str, tuple[float, float, float, int]]:
-    """Node name -> (cpu, memory GiB, GPUs) requested by the running pods on it, and how
-    many of those pods the broker manages (its workloads' replicas)."""
+    """Node name -> (cpu, memory GiB, GPUs) requested by the pods bound to it and not
+    terminated (ACTIVE_PHASES), and how many of those pods the broker manages (its
+    workloads' replicas)."""
     used: dict[str, list[float]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase", "Running") != "Running":
+        if not node or not _active(pod):
             continue
         acc = used.setdefault(node, [0.0, 0.0, 0.0, 0.0])
         labels = (pod.get("metadata") or {}).get("labels") or {}
@@ -193,21 +206,22 @@ def requested_by_node(pods: list[dict[str, Any]]
 
 
 def workloads_by_node(pods: list[dict[str, Any]]) -> dict[str, tuple[str, ...]]:
-    """Node name -> ids of the broker-managed workloads with a running pod there."""
+    """Node name -> ids of the broker-managed workloads with a pod bound there and not
+    terminated (ACTIVE_PHASES: running, or starting)."""
     out: dict[str, dict[str, None]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if node and labels.get(MANAGED_LABEL) == "skyfed" and labels.get(ID_LABEL) and \
-                (pod.get("status") or {}).get("phase", "Running") == "Running":
+                _active(pod):
             out.setdefault(str(node), {})[str(labels[ID_LABEL])] = None
     return {node: tuple(ids) for node, ids in out.items()}
 
 
 def node_inventory(n: Mapping[str, Any], used: tuple[float, float, float, int]
                    ) -> NodeInventory:
-    """One Node object, the (cpu, memory GiB, GPUs) its running pods request and how many
-    broker-managed pods run there."""
+    """One Node object, the (cpu, memory GiB, GPUs) its active pods request and how many
+    broker-managed pods are bound there (requested_by_node)."""
     meta, st = n.get("metadata") or {}, n.get("status") or {}
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     alloc = st.get("allocatable") or st.get("capacity") or {}

@@ -20,9 +20,24 @@ def _pod(node: str, wid: str | None, *, phase: str = "Running",
 
 def test_kubernetes_pods_name_the_workloads_on_each_node() -> None:
     pods = [_pod("n1", "w-a"), _pod("n1", "w-a"), _pod("n1", "w-b"), _pod("n2", "w-c"),
-            _pod("n2", "w-d", phase="Pending"), _pod("n3", "w-e", managed=False),
-            _pod("n3", None)]
+            _pod("n2", "w-d", phase="Succeeded"), _pod("n2", "w-f", phase="Failed"),
+            _pod("n3", "w-e", managed=False), _pod("n3", None)]
     assert workloads_by_node(pods) == {"n1": ("w-a", "w-b"), "n2": ("w-c",)}
+
+
+def test_a_pod_starting_on_a_node_holds_it() -> None:
+    """Bound to a node and still pulling its image (phase Pending): the kube-scheduler counts
+    its requests against the node, and the node is not empty. Before, the inventory counted
+    running pods only, so such a node looked empty to the idle timer and to a scale-in."""
+    from providers.kubernetes_objects import requested_by_node
+
+    starting = _pod("n1", "w-gpu", phase="Pending")
+    starting["spec"]["containers"] = [{"name": "c", "image": "x", "resources": {
+        "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"}}}]
+    done = _pod("n2", "w-old", phase="Succeeded")
+    done["spec"]["containers"] = starting["spec"]["containers"]
+    assert workloads_by_node([starting, done]) == {"n1": ("w-gpu",)}
+    assert requested_by_node([starting, done]) == {"n1": (8.0, 32.0, 1.0, 1)}
 
 
 async def test_the_simulated_driver_reports_the_workloads_on_each_node() -> None:
