@@ -36,6 +36,7 @@ from providers.errors import (
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
 from providers.kubernetes_prewarm import copy_name, prepull_name
 from tests.contract.k8s_emulator import Emulator
+from tests.contract.rbac import calls_of, denied
 
 NS = "team-a"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
@@ -59,6 +60,9 @@ async def k8s() -> AsyncIterator[tuple[Any, KubernetesDriver]]:
             yield k, drv
         finally:
             await asyncio.to_thread(api.close)
+        # Every call the test made, a real API server would allow to deploy/member-rbac.yaml's
+        # service account (docs/operations.md): none would be a 403.
+        assert denied(calls_of(k), namespace=NS) == []
 
 
 def spec(wid: str = "w-1", **kw: Any) -> ApplySpec:

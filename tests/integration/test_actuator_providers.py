@@ -32,6 +32,7 @@ from providers.kubernetes_objects import ID_LABEL, MANAGED_LABEL
 from providers.kubernetes_prewarm import copy_name, prepull_name
 from providers.simulated import SimPool, SimulatedClusterDriver
 from tests.contract.k8s_emulator import Emulator
+from tests.contract.rbac import calls_of, denied
 from tests.integration.test_placement_loop import store  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -193,6 +194,7 @@ async def _eks_group(store: Store, moto_port: int, name: str) -> AsyncIterator[_
                 namespace=NS, timeout_s=5), api_client=api), k, node_of, group)
         finally:
             await asyncio.to_thread(api.close)
+    assert denied(calls_of(k), namespace=NS) == []  # deploy/member-rbac.yaml grants each call
 
 
 async def test_a_scale_in_through_an_ec2_node_group_terminates_the_named_node(
@@ -282,6 +284,7 @@ async def k8s() -> AsyncIterator[tuple[Any, KubernetesDriver]]:
                                       api_client=api)
         finally:
             await asyncio.to_thread(api.close)
+    assert denied(calls_of(k), namespace=NS) == []  # deploy/member-rbac.yaml grants each call
 
 
 async def test_prewarm_on_kubernetes_applies_a_prepull_daemonset_and_a_copy_job(

@@ -26,6 +26,7 @@ from providers.base import ApplySpec, ClusterDriver, WorkloadPhase
 from providers.kubernetes import KubernetesDriver
 from providers.simulated import SimPool, SimulatedClusterDriver
 from tests.contract.k8s_emulator import Emulator
+from tests.contract.rbac import calls_of, denied
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +61,7 @@ async def kube(tmp_path: Path) -> AsyncIterator[tuple[Any, Path]]:
         path = tmp_path / "kubeconfig.yaml"
         path.write_text(kubeconfig(str(srv.url)))
         yield k, path
+    assert denied(calls_of(k), namespace=NS) == []  # deploy/member-rbac.yaml grants each call
 
 
 def kubeconfig(server: str) -> str:

@@ -37,6 +37,7 @@ from broker.settings import load_settings
 from broker.store import migrate
 from providers.kubernetes import KubernetesDriver
 from tests.contract.k8s_emulator import Emulator
+from tests.contract.rbac import calls_of, denied
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +65,7 @@ async def kube_server() -> AsyncIterator[tuple[Any, str]]:
             warnings.simplefilter("ignore", DeprecationWarning)
             k.resources.load_bundled()
         yield k, str(srv.url)
+    assert denied(calls_of(k), namespace=NS) == []  # deploy/member-rbac.yaml grants each call
 
 
 def _cluster(name: str) -> Cluster:

@@ -26,6 +26,7 @@ from broker.federation.runtime import Runtime
 from broker.settings import PlacementSettings, load_settings
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
 from tests.contract.k8s_emulator import Emulator
+from tests.contract.rbac import calls_of, denied
 from tests.integration.test_foundation_store import db_url  # noqa: F401  (fixture)
 from tests.integration.test_k8s_submit import _cluster
 from tests.unit.test_k8s_manifests import NGINX
@@ -78,6 +79,7 @@ async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:  # noqa: F
             assert r.status_code == 201, r.text
             yield World(c, auth, rt, k, driver, ManualClock(1000.0))
         await asyncio.to_thread(api.close)
+    assert denied(calls_of(k), namespace=NS) == []  # deploy/member-rbac.yaml grants each call
     await rt.store.close()
 
 

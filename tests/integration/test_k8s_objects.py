@@ -25,6 +25,7 @@ from broker.store import Store, migrate
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
 from providers.simulated import SimPool, SimulatedClusterDriver
 from tests.contract.k8s_emulator import Emulator
+from tests.contract.rbac import calls_of, denied
 from tests.unit.test_k8s_manifests import NGINX, POLICY, SECRET, SERVICE
 
 pytestmark = pytest.mark.integration
@@ -58,9 +59,11 @@ async def members() -> AsyncIterator[Callable[[str], Any]]:
     """`start(name)` -> (emulator, driver) of a fresh emulated member cluster."""
     async with AsyncExitStack() as stack:
         apis: list[Any] = []
+        emulators: list[Any] = []
 
         async def start(name: str) -> tuple[Any, KubernetesDriver]:
             k = await stack.enter_async_context(Emulator())
+            emulators.append(k)
             srv = await stack.enter_async_context(kmock.Server(k))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -73,6 +76,8 @@ async def members() -> AsyncIterator[Callable[[str], Any]]:
         yield start
         for api in apis:
             await asyncio.to_thread(api.close)
+        for k in emulators:  # a real API server would allow every call (deploy/member-rbac.yaml)
+            assert denied(calls_of(k), namespace=NS) == []
 
 
 def _cluster(name: str, pools: tuple[str, ...], *, price: float, cpu: float = 8) -> Cluster:
