@@ -36,6 +36,7 @@ from broker.store import Store, migrate
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
 from providers.simulated import SimPool, SimulatedClusterDriver
 from tests.contract.fixture_server import FixtureState, serve
+from tests.contract.rbac import calls_of, denied
 from tests.contract.test_providers_contract import (
     AZ_TENANT,
     AZURE_USAGES,
@@ -278,6 +279,7 @@ async def test_kmock_inventory_of_a_full_pool_keeps_work_off_it(store: Store) ->
             assert kpool.used.cpu == pytest.approx(15.0)  # set_pool_usage from the poll
         finally:
             await asyncio.to_thread(api.close)
+    assert denied(calls_of(k)) == []  # deploy/member-rbac.yaml grants each call
 
 
 # ---- what-if on the observed state -------------------------------------------------------
