@@ -157,9 +157,14 @@ class AwsProvider(LibcloudBase):
             ))
         return self._merge_offers(region, live)
 
-    async def _pool_nodes(self, region: str, pool: str) -> list[Any]:
+    async def _pool_nodes(self, region: str, pool: str,
+                          labels: Mapping[str, str] | None = None) -> list[Any]:
+        """The live instances of node group `pool` that carry every tag of `labels` (the
+        cluster's): two clusters' groups of one name in one region and account stay apart."""
         drv = self._driver(region)
-        filters = {"instance-state-name": ["pending", "running"], f"tag:{SKYFED_POOL_LABEL}": pool}
+        filters: dict[str, Any] = {"instance-state-name": ["pending", "running"],
+                                   f"tag:{SKYFED_POOL_LABEL}": pool}
+        filters.update({f"tag:{k}": v for k, v in (labels or {}).items()})
         nodes: list[Any] = await self._call(drv.list_nodes, ex_filters=filters, region=region)
         return nodes
 
@@ -197,7 +202,7 @@ class AwsProvider(LibcloudBase):
         if instance_type not in sizes:
             raise NotFoundError(f"unknown instance type {instance_type!r}", provider="aws",
                                 region=region)
-        current = await self._pool_nodes(region, pool)
+        current = await self._pool_nodes(region, pool, labels)
         if len(current) < nodes:
             if not self._opts.image_id:
                 raise ConfigError("AwsOptions.image_id is required to scale a pool up",
@@ -211,16 +216,18 @@ class AwsProvider(LibcloudBase):
                 await self._call(drv.create_node, name=name,
                                  size=sizes[instance_type], image=image, ex_metadata=tags,
                                  region=region)
-        return len(await self._pool_nodes(region, pool))
+        return len(await self._pool_nodes(region, pool, labels))
 
-    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],
+                           labels: Mapping[str, str] | None = None) -> int:
         """Terminate the instances of `pool` named by `nodes`: an instance id (`i-...`, the
         tail of an EKS node's providerID), the Name tag, or the private DNS name (an EKS
         node's name); see CloudProvider.remove_nodes."""
         drv = self._driver(region)
-        for node in matching(await self._pool_nodes(region, pool), nodes, _instance_keys):
+        for node in matching(await self._pool_nodes(region, pool, labels), nodes,
+                             _instance_keys):
             await self._call(drv.destroy_node, node, region=region)
-        return len(await self._pool_nodes(region, pool))
+        return len(await self._pool_nodes(region, pool, labels))
 
 
 def _instance_keys(node: Any) -> tuple[str, ...]:

@@ -179,7 +179,8 @@ class AzureProvider(LibcloudBase):
             f"node pool {pool!r} instead", provider="azure", region=region,
         )
 
-    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],
+                           labels: Mapping[str, str] | None = None) -> int:
         raise ProviderError(
             "the azure adapter does not remove VMs (Capability.SCALE_POOL absent): scale the "
             f"AKS node pool {pool!r} instead", provider="azure", region=region,

@@ -268,13 +268,17 @@ class CloudProvider(Protocol):
         labels: Mapping[str, str],
     ) -> int:
         """Grow node group `pool` to at least `nodes` machines; returns its count. It never
-        terminates a machine, which may run work: shrinking is `remove_nodes`, by name."""
+        terminates a machine, which may run work: shrinking is `remove_nodes`, by name. The
+        group's machines are those of `pool` that carry every one of `labels` (the cluster's
+        `skyfed.io/cluster`), so two clusters' groups of one name stay apart."""
         ...
 
-    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
-        """Terminate exactly the machines of node group `pool` that `nodes` names (each an
-        instance id, instance name or host name: `NodeInventory.instance`), never another;
-        a name that matches none (already gone) is skipped. Returns the group's count."""
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],
+                           labels: Mapping[str, str] | None = None) -> int:
+        """Terminate exactly the machines of node group `pool` (with `labels`, as in
+        `scale_pool`) that `nodes` names (each an instance id, instance name or host name:
+        `NodeInventory.instance`), never another; a name that matches none (already gone)
+        is skipped. Returns the group's count."""
         ...
 
 

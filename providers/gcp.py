@@ -61,6 +61,11 @@ def _label_value(v: str) -> str:
     return re.sub(r"[^a-z0-9_-]", "-", v.lower())[:63]
 
 
+def _gce_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """`labels` as GCE label keys and values allow them (no `.`, `/`, capitals)."""
+    return {re.sub(r"[^a-z0-9_-]", "-", k.lower()): _label_value(v) for k, v in labels.items()}
+
+
 class GcpProvider(LibcloudBase):
     name = "gcp"
     capabilities = frozenset({Capability.LIST_REGIONS, Capability.LIST_OFFERS,
@@ -147,11 +152,23 @@ class GcpProvider(LibcloudBase):
             for q in (reg.quotas or [])
         ]
 
-    async def _pool_nodes(self, zone: Any, pool: str) -> list[Any]:
+    async def _zone_nodes(self, zone: Any) -> list[Any]:
         drv = await self._driver()
-        nodes = await self._call(drv.list_nodes, ex_zone=zone, region=str(zone.name))
-        want = _label_value(pool)
-        return [n for n in nodes if (n.extra.get("labels") or {}).get(POOL_LABEL) == want]
+        nodes: list[Any] = await self._call(drv.list_nodes, ex_zone=zone, region=str(zone.name))
+        return nodes
+
+    @staticmethod
+    def _in_pool(nodes: list[Any], pool: str,
+                 labels: Mapping[str, str] | None) -> list[Any]:
+        """The instances of node group `pool` carrying every label of `labels` (the
+        cluster's): two clusters' groups of one name in one zone stay apart."""
+        want = {**_gce_labels(labels or {}), POOL_LABEL: _label_value(pool)}
+        return [n for n in nodes
+                if want.items() <= (n.extra.get("labels") or {}).items()]
+
+    async def _pool_nodes(self, zone: Any, pool: str,
+                          labels: Mapping[str, str] | None = None) -> list[Any]:
+        return self._in_pool(await self._zone_nodes(zone), pool, labels)
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
@@ -161,26 +178,27 @@ class GcpProvider(LibcloudBase):
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         drv = await self._driver()
         zone = await self._zone(region)
-        current = await self._pool_nodes(zone, pool)
+        every = await self._zone_nodes(zone)
+        current = self._in_pool(every, pool, labels)
         if len(current) < nodes:
-            gce_labels = {re.sub(r"[^a-z0-9_-]", "-", k.lower()): _label_value(v)
-                          for k, v in labels.items()}
-            gce_labels[POOL_LABEL] = _label_value(pool)
-            for name in new_names(f"skyfed-{_label_value(pool)}", (n.name for n in current),
+            gce_labels = {**_gce_labels(labels), POOL_LABEL: _label_value(pool)}
+            # An instance name is unique in its zone: avoid every instance's, not the group's.
+            for name in new_names(f"skyfed-{_label_value(pool)}", (n.name for n in every),
                                   nodes - len(current)):
                 await self._call(
                     drv.create_node, name, instance_type,
                     self._opts.image, location=zone, ex_labels=gce_labels, region=region,
                 )
-        return len(await self._pool_nodes(zone, pool))
+        return len(await self._pool_nodes(zone, pool, labels))
 
-    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],
+                           labels: Mapping[str, str] | None = None) -> int:
         """Delete the instances of `pool` named by `nodes` (the instance name, which is a GKE
         node's name and the tail of its providerID, or the numeric id); see
         CloudProvider.remove_nodes."""
         drv = await self._driver()
         zone = await self._zone(region)
-        for node in matching(await self._pool_nodes(zone, pool), nodes,
+        for node in matching(await self._pool_nodes(zone, pool, labels), nodes,
                              lambda n: (str(n.name or ""), str(n.id or ""))):
             await self._call(drv.destroy_node, node, region=region)
-        return len(await self._pool_nodes(zone, pool))
+        return len(await self._pool_nodes(zone, pool, labels))

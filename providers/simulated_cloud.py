@@ -54,8 +54,9 @@ class SimulatedCloudProvider:
         self.name = self.options.provider
         self._catalog = catalog
         self._rng = random.Random(self.options.seed)
-        self._pools: dict[tuple[str, str], list[str]] = {}  # (region, pool) -> machines
-        self._vcpu: dict[tuple[str, str], float] = {}  # (region, pool) -> vCPUs per machine
+        # (region, pool, the group's labels) -> machines; -> vCPUs per machine
+        self._pools: dict[tuple[str, str, Labels], list[str]] = {}
+        self._vcpu: dict[tuple[str, str, Labels], float] = {}
         self._used_vcpu: dict[str, float] = {}
         self.calls = 0
 
@@ -120,7 +121,8 @@ class SimulatedCloudProvider:
         self._check_region(region)
         offer = self.catalog.offer(self.name, region, instance_type)
         await self._maybe_fail(region)
-        current = self._pools.get((region, pool), [])
+        key = (region, pool, _labels(labels))
+        current = self._pools.get(key, [])
         add = max(0, nodes - len(current))  # grows only (CloudProvider.scale_pool)
         used = self._used_vcpu.get(region, 0.0) + add * offer.vcpu
         if used > self.options.quota_vcpu:
@@ -128,23 +130,34 @@ class SimulatedCloudProvider:
                 f"{nodes} x {instance_type} would use {used:g} vCPUs "
                 f"> quota {self.options.quota_vcpu:g}", provider=self.name, region=region,
             )
-        self._pools[(region, pool)] = sorted(
-            current + new_names(f"skyfed-{pool}", current, add))
-        self._vcpu[(region, pool)] = offer.vcpu
+        # A machine's name is unique in the region, as a GCE instance's in its zone.
+        taken = [m for (r, _p, _l), ms in self._pools.items() if r == region for m in ms]
+        self._pools[key] = sorted(current + new_names(f"skyfed-{pool}", taken, add))
+        self._vcpu[key] = offer.vcpu
         self._used_vcpu[region] = used
-        return len(self._pools[(region, pool)])
+        return len(self._pools[key])
 
-    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str]) -> int:
+    async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],
+                           labels: Mapping[str, str] | None = None) -> int:
         """Remove the named machines of `pool` (`skyfed-<pool>-<i>`), never another."""
         self._check_region(region)
         await self._maybe_fail(region)
-        current = self._pools.get((region, pool), [])
+        key = (region, pool, _labels(labels))
+        current = self._pools.get(key, [])
         keep = [m for m in current if m not in set(nodes)]
-        self._pools[(region, pool)] = keep
+        self._pools[key] = keep
         self._used_vcpu[region] = self._used_vcpu.get(region, 0.0) - \
-            (len(current) - len(keep)) * self._vcpu.get((region, pool), 0.0)
+            (len(current) - len(keep)) * self._vcpu.get(key, 0.0)
         return len(keep)
 
-    def machines(self, region: str, pool: str) -> list[str]:
+    def machines(self, region: str, pool: str,
+                 labels: Mapping[str, str] | None = None) -> list[str]:
         """The names of `pool`'s machines (what `remove_nodes` takes)."""
-        return list(self._pools.get((region, pool), []))
+        return list(self._pools.get((region, pool, _labels(labels)), []))
+
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _labels(labels: Mapping[str, str] | None) -> Labels:
+    return tuple(sorted((labels or {}).items()))

@@ -129,7 +129,8 @@ async def remove_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str,
         known = {n.name: n.instance for n in inventory}
         return await accounts[route.account].remove_nodes(
             region=rec.cluster.region, pool=route.group,
-            nodes=[known.get(name, name) for name in names])
+            nodes=[known.get(name, name) for name in names],
+            labels={CLUSTER_LABEL: rec.cluster.name})
     driver = drivers[rec.cluster.name]
     if route.how != "driver" or not isinstance(driver, PoolScalingDriver):
         raise ProviderError(route.reason or "cannot scale", provider="skyfed")

@@ -273,6 +273,32 @@ async def test_aws_remove_nodes_terminates_exactly_the_named_instances(moto_port
     assert sorted(await pool()) == ["skyfed-named-0", "skyfed-named-1", "skyfed-named-2"]
 
 
+async def test_aws_two_clusters_node_groups_of_one_name_stay_apart(moto_port: int) -> None:
+    """Two clusters in one region and account, each with a pool `cpu` scaled through its
+    default group (the pool's name): each counts and removes only its own machines."""
+    import asyncio
+
+    probe = _aws(moto_port)
+    drv = probe._driver("us-east-1")  # type: ignore[attr-defined]
+    p = _aws(moto_port, image_id=drv.list_images()[0].id)
+    prod, staging = {"skyfed.io/cluster": "prod"}, {"skyfed.io/cluster": "staging"}
+    assert await p.scale_pool(region="us-east-1", pool="cpu-shared", instance_type="m5.large",
+                              nodes=2, labels=prod) == 2
+    # staging's order is its own: before, it counted prod's two machines and ordered none.
+    assert await p.scale_pool(region="us-east-1", pool="cpu-shared", instance_type="m5.large",
+                              nodes=1, labels=staging) == 1
+    listed = await asyncio.to_thread(drv.list_nodes, ex_filters={
+        "tag:skyfed.io/pool": "cpu-shared", "instance-state-name": ["pending", "running"]})
+    of = {c: [n.id for n in listed if n.extra["tags"]["skyfed.io/cluster"] == c]
+          for c in ("prod", "staging")}
+    assert (len(of["prod"]), len(of["staging"])) == (2, 1)
+    # A name of prod's machine given for staging's group removes nothing.
+    assert await p.remove_nodes(region="us-east-1", pool="cpu-shared", nodes=of["prod"][:1],
+                                labels=staging) == 1
+    assert await p.remove_nodes(region="us-east-1", pool="cpu-shared", nodes=of["prod"][:1],
+                                labels=prod) == 1
+
+
 async def test_gcp_remove_nodes_deletes_only_the_named_instance(tmp_path: Path) -> None:
     from tests.contract.fixture_server import FIXTURES
 

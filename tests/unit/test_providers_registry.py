@@ -66,6 +66,15 @@ async def test_simulated_cloud_removes_exactly_the_named_machines() -> None:
     with pytest.raises(QuotaExceededError):
         await p.scale_pool(region="us-east-1", pool="a", instance_type="m5.large", nodes=4,
                            labels={})
+    # Another cluster's group of the same name is another group, with names of its own.
+    other = {"skyfed.io/cluster": "staging"}
+    assert await p.remove_nodes(region="us-east-1", pool="a", nodes=["skyfed-a-0"]) == 2
+    assert await p.scale_pool(region="us-east-1", pool="a", instance_type="m5.large", nodes=1,
+                              labels=other) == 1
+    assert p.machines("us-east-1", "a", other) == ["skyfed-a-0"]  # the free name in the region
+    assert await p.remove_nodes(region="us-east-1", pool="a", nodes=["skyfed-a-1"],
+                                labels=other) == 1
+    assert p.machines("us-east-1", "a") == ["skyfed-a-1", "skyfed-a-2"]
 
 
 def test_sim_pool_from_offer() -> None:
