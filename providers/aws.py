@@ -7,7 +7,9 @@
   usage, and the vCPUs of running instances (used) against ``AwsOptions.vcpu_limit`` when set
   (Service Quotas' "Running On-Demand Standard instances" is a separate API libcloud lacks).
 - scale_pool: instances tagged ``skyfed.io/pool=<pool>`` (plus the cluster's labels) are created
-  until the pool has at least the requested count; remove_nodes terminates exactly the named
+  until the pool has at least the requested count, from the group's EC2 launch template when
+  ``launch_template`` is set (what a machine needs to join its cluster), else bare from
+  ``image_id``; remove_nodes terminates exactly the named
   instances of the pool (instance id, Name tag or private DNS name).
 
 EC2-compatible endpoints (moto, LocalStack) are reached with ``endpoint_host``/``endpoint_port``;
@@ -23,7 +25,13 @@ from typing import Any
 
 from providers.base import Capability, Offer, Quota, Region
 from providers.catalog import Catalog
-from providers.cloud import SKYFED_POOL_LABEL, LibcloudBase, matching, new_names
+from providers.cloud import (
+    SKYFED_CLUSTER_LABEL,
+    SKYFED_POOL_LABEL,
+    LibcloudBase,
+    matching,
+    new_names,
+)
 from providers.errors import ConfigError, NotFoundError
 
 
@@ -33,7 +41,13 @@ class AwsOptions:
     secret_access_key: str = field(repr=False)
     session_token: str | None = field(default=None, repr=False)
     regions: tuple[str, ...] = ("us-east-1",)
-    image_id: str = ""  # AMI used by scale_pool
+    image_id: str = ""  # AMI used by scale_pool (without a launch template)
+    # EC2 launch template scale_pool launches from, as self-managed EKS node groups do: it
+    # holds what a machine needs to join its cluster (AMI, bootstrap user data, instance
+    # profile, subnets' security groups). `{group}` and `{cluster}` are replaced by the node
+    # group and the cluster; "" launches a bare instance of `image_id`.
+    launch_template: str = ""
+    launch_template_version: str = "$Default"  # or "$Latest", or a version number
     vcpu_limit: float | None = None  # account's on-demand vCPU quota, when known
     endpoint_host: str | None = None  # EC2-compatible endpoint (moto, LocalStack)
     endpoint_port: int | None = None
@@ -204,19 +218,39 @@ class AwsProvider(LibcloudBase):
                                 region=region)
         current = await self._pool_nodes(region, pool, labels)
         if len(current) < nodes:
+            tags = {**labels, SKYFED_POOL_LABEL: pool}
+            names = new_names(f"skyfed-{pool}", (n.name or "" for n in current),
+                              nodes - len(current))
+            template = self._template(pool, labels)
+            if template:
+                for name in names:
+                    await self._call(_run_from_template, drv, name=name,
+                                     instance_type=instance_type, template=template,
+                                     version=self._opts.launch_template_version, tags=tags,
+                                     region=region)
+                return len(await self._pool_nodes(region, pool, labels))
             if not self._opts.image_id:
-                raise ConfigError("AwsOptions.image_id is required to scale a pool up",
-                                  provider="aws", region=region)
+                raise ConfigError("AwsOptions.image_id or launch_template is required to scale "
+                                  "a pool up", provider="aws", region=region)
             from libcloud.compute.base import NodeImage
 
             image = NodeImage(id=self._opts.image_id, name=self._opts.image_id, driver=drv)
-            tags = {**labels, SKYFED_POOL_LABEL: pool}
-            for name in new_names(f"skyfed-{pool}", (n.name or "" for n in current),
-                                  nodes - len(current)):
+            for name in names:
                 await self._call(drv.create_node, name=name,
                                  size=sizes[instance_type], image=image, ex_metadata=tags,
                                  region=region)
         return len(await self._pool_nodes(region, pool, labels))
+
+    def _template(self, group: str, labels: Mapping[str, str]) -> str:
+        """The launch template's name for `group` of the cluster `labels` names."""
+        pattern = self._opts.launch_template
+        if not pattern:
+            return ""
+        cluster = labels.get(SKYFED_CLUSTER_LABEL, "")
+        if "{cluster}" in pattern and not cluster:
+            raise ConfigError(f"AwsOptions.launch_template {pattern!r} names {{cluster}}, and "
+                              f"node group {group!r} has no cluster label", provider="aws")
+        return pattern.replace("{group}", group).replace("{cluster}", cluster)
 
     async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],
                            labels: Mapping[str, str] | None = None) -> int:
@@ -228,6 +262,25 @@ class AwsProvider(LibcloudBase):
                              _instance_keys):
             await self._call(drv.destroy_node, node, region=region)
         return len(await self._pool_nodes(region, pool, labels))
+
+
+def _run_from_template(drv: Any, *, name: str, instance_type: str, template: str,
+                       version: str, tags: Mapping[str, str]) -> Any:
+    """RunInstances from launch template `template` (libcloud's create_node takes no
+    template), with the pool's instance type and the node group's tags, as create_node
+    sets them; the new instance, as libcloud's Node."""
+    params: dict[str, str] = {
+        "Action": "RunInstances", "MinCount": "1", "MaxCount": "1",
+        "InstanceType": instance_type,
+        "LaunchTemplate.LaunchTemplateName": template, "LaunchTemplate.Version": version,
+        "TagSpecification.1.ResourceType": "instance",
+    }
+    for i, (k, v) in enumerate({"Name": name, **tags}.items(), start=1):
+        params[f"TagSpecification.1.Tag.{i}.Key"] = k
+        params[f"TagSpecification.1.Tag.{i}.Value"] = v
+    body = drv.connection.request(drv.path, params=params).object
+    (node,) = drv._to_nodes(body, "instancesSet/item")  # noqa: SLF001 - create_node's parser
+    return node
 
 
 def _instance_keys(node: Any) -> tuple[str, ...]:

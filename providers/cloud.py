@@ -34,6 +34,7 @@ from providers.errors import (
 T = TypeVar("T")
 
 SKYFED_POOL_LABEL = "skyfed.io/pool"
+SKYFED_CLUSTER_LABEL = "skyfed.io/cluster"  # the tag a node group's machines carry
 
 
 def new_names(prefix: str, taken: Iterable[str], count: int) -> list[str]:

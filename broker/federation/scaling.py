@@ -34,9 +34,10 @@ from providers.base import (
     NodeInventory,
     PoolScalingDriver,
 )
+from providers.cloud import SKYFED_CLUSTER_LABEL
 from providers.errors import ProviderError
 
-CLUSTER_LABEL = "skyfed.io/cluster"
+CLUSTER_LABEL = SKYFED_CLUSTER_LABEL
 
 
 @dataclass(frozen=True, slots=True)

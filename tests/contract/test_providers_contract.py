@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from providers.base import Capability, CloudProvider
-from providers.errors import AuthError, NotFoundError, ProviderError, ThrottledError, TransientError
+from providers.errors import (
+    AuthError,
+    ConfigError,
+    NotFoundError,
+    ProviderError,
+    ThrottledError,
+    TransientError,
+)
 from tests.contract.fixture_server import FixtureState, serve
 
 SECRET = "s3cr3t-never-logged"
@@ -297,6 +304,43 @@ async def test_aws_two_clusters_node_groups_of_one_name_stay_apart(moto_port: in
                                 labels=staging) == 1
     assert await p.remove_nodes(region="us-east-1", pool="cpu-shared", nodes=of["prod"][:1],
                                 labels=prod) == 1
+
+
+async def test_aws_scale_pool_launches_from_the_groups_launch_template(moto_port: int) -> None:
+    """A bare instance of an AMI does not join an EKS cluster: its bootstrap user data, its
+    instance profile and security groups live in the node group's launch template."""
+    import asyncio
+    import base64
+
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
+                       aws_access_key_id="AKIDLT", aws_secret_access_key="secret-lt")
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    bootstrap = "#!/bin/bash\n/etc/eks/bootstrap.sh prod\n"
+    ec2.create_launch_template(LaunchTemplateName="prod-gpu-ng", LaunchTemplateData={
+        "ImageId": image, "UserData": base64.b64encode(bootstrap.encode()).decode(),
+        "IamInstanceProfile": {"Name": "eks-node-role"}})
+    p = _aws(moto_port, launch_template="{cluster}-{group}")
+    labels = {"skyfed.io/cluster": "prod"}
+    assert await p.scale_pool(region="us-east-1", pool="gpu-ng", instance_type="g5.xlarge",
+                              nodes=2, labels=labels) == 2
+    drv = p._driver("us-east-1")  # type: ignore[attr-defined]
+    listed = await asyncio.to_thread(drv.list_nodes, ex_filters={
+        "tag:skyfed.io/pool": "gpu-ng", "instance-state-name": ["pending", "running"]})
+    assert sorted(n.name for n in listed) == ["skyfed-gpu-ng-0", "skyfed-gpu-ng-1"]
+    template_id = ec2.describe_launch_templates(
+        LaunchTemplateNames=["prod-gpu-ng"])["LaunchTemplates"][0]["LaunchTemplateId"]
+    for n in listed:
+        assert n.extra["tags"]["aws:ec2launchtemplate:id"] == template_id
+        assert n.extra["tags"]["skyfed.io/cluster"] == "prod"
+        assert n.extra["instance_type"] == "g5.xlarge"  # the pool's, not the template's
+        attr = ec2.describe_instance_attribute(InstanceId=n.id, Attribute="userData")
+        assert base64.b64decode(attr["UserData"]["Value"]).decode() == bootstrap
+    # A template that names the cluster needs one to name.
+    with pytest.raises(ConfigError, match="cluster"):
+        await p.scale_pool(region="us-east-1", pool="gpu-ng", instance_type="g5.xlarge",
+                           nodes=3, labels={})
 
 
 async def test_gcp_remove_nodes_deletes_only_the_named_instance(tmp_path: Path) -> None:
