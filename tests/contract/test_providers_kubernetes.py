@@ -228,6 +228,39 @@ async def test_inventory_from_nodes(k8s: tuple[Any, KubernetesDriver]) -> None:
     assert node.instance == "gke-gpu-a100-7f3c"
 
 
+async def test_inventory_reads_a_large_pod_list_page_by_page(
+        k8s: tuple[Any, KubernetesDriver]) -> None:
+    """A cluster of thousands of pods: the pod list is read LIST_PAGE at a time, following
+    `continue` tokens as client-go's pager does; before, one unpaged list of every pod in
+    the cluster each poll, deserialised into the client's models."""
+    from providers.kubernetes import LIST_PAGE
+
+    k, drv = k8s
+    k.objects[NODES, None, "n1"] = {
+        "metadata": {"name": "n1", "labels": {"skyfed.io/pool": "cpu"}},
+        "status": {"allocatable": {"cpu": "5000", "memory": "4000Gi"}}}
+    n_pods = 2 * LIST_PAGE + 7
+    pods = [{"metadata": {"name": f"p{i}", "namespace": "x"},
+             "spec": {"nodeName": "n1", "containers": [
+                 {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}]},
+             "status": {"phase": "Running"}} for i in range(n_pods)]
+    asked: list[tuple[str, str]] = []
+
+    def page(request: Any) -> dict[str, Any]:  # the API server's paging, by offset tokens
+        limit, token = int(request.params["limit"]), request.params.get("continue", "")
+        asked.append((request.params["limit"], token))
+        start = int(token.removeprefix("at-")) if token else 0
+        end = min(n_pods, start + limit)
+        return {"kind": "PodList", "items": pods[start:end],
+                "metadata": {"continue": f"at-{end}" if end < n_pods else ""}}
+
+    k["get /api/v1/pods"] << page
+    (node,) = await drv.inventory()
+    assert node.used_cpu == n_pods  # every page counted, none twice
+    assert asked == [(str(LIST_PAGE), ""), (str(LIST_PAGE), f"at-{LIST_PAGE}"),
+                     (str(LIST_PAGE), f"at-{2 * LIST_PAGE}")]
+
+
 def test_malformed_kubeconfig_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "kubeconfig.yaml"
     bad.write_text("apiVersion: v1\nclusters: [this is: not valid\n")
