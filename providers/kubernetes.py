@@ -329,8 +329,8 @@ class KubernetesDriver:
         ns, sel = self.options.namespace, f"{MANAGED_LABEL}=skyfed"
         out = []
         for kind in WORKLOAD_KINDS:
-            lst = await self._call(self._fn("list", kind), ns, label_selector=sel)
-            for item in self._sanitize(lst).get("items") or []:
+            for item in await self._list_all(self._fn("list", kind), namespace=ns,
+                                             label_selector=sel):
                 st = status_of({**item, "kind": kind})  # selector may be ignored: re-check
                 if st is not None:
                     out.append(st)
