@@ -38,6 +38,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -94,6 +95,8 @@ class KubernetesOptions:
     watch_timeout_s: float = 2.0  # read timeout of one watch request before re-watching
     job_backoff_limit: int = 3
     create_namespace: bool = False  # server-side apply `namespace` before the first object
+    # Prewarm DaemonSets older than this are deleted by the next prewarm (kubernetes_prewarm).
+    prewarm_keep_s: float = 3600.0
 
 
 def _status_code(exc: BaseException) -> int | None:
@@ -288,9 +291,19 @@ class KubernetesDriver:
 
     # ---- prewarm (kubernetes_prewarm.py) -------------------------------------------------
     async def prewarm(self, *, spec: PrewarmSpec) -> None:
-        """Server-side apply the pre-pull DaemonSet and data-copy Jobs of `spec` (idempotent)."""
-        for body in kp.render_all(spec, namespace=self.options.namespace):
-            name, ns = body["metadata"]["name"], self.options.namespace
+        """Server-side apply the pre-pull DaemonSet and data-copy Jobs of `spec` (idempotent),
+        after deleting the prewarm DaemonSets that expired (kubernetes_prewarm's docstring)."""
+        ns, mine = self.options.namespace, kp.key_label(spec.key)
+        now = time.time()
+        for old in await self._list_all(self._apps.list_namespaced_daemon_set, namespace=ns,
+                                        label_selector=kp.PREWARM_LABEL):
+            labels = (old.get("metadata") or {}).get("labels") or {}
+            if labels.get(kp.PREWARM_LABEL) != mine and \
+                    kp.expired(old, now_s=now, keep_s=self.options.prewarm_keep_s):
+                await self._delete_one(self._apps.delete_namespaced_daemon_set,
+                                       str(old["metadata"]["name"]), ns)
+        for body in kp.render_all(spec, namespace=ns):
+            name = body["metadata"]["name"]
             fn = (self._apps.patch_namespaced_daemon_set if body["kind"] == "DaemonSet"
                   else self._batch.patch_namespaced_job)
             await self._call(fn, name, ns, body, field_manager=kp.FIELD_MANAGER, force=True,

@@ -15,6 +15,14 @@ minutes idle on an expensive node. The actuator prewarms a pool before the work 
   (`/var/lib/skyfed/cache`, a hostPath on one node of the pool) and checks the sha256 when one
   is given. Done when the Job succeeded.
 
+Neither stays forever. A DaemonSet keeps a pause pod on every node of its pool, and one per
+distinct image set would pile up until the nodes' pod limit (110 by default) is spent: each
+prewarm deletes the prewarm DaemonSets of its namespace created more than
+`KubernetesOptions.prewarm_keep_s` (default 1 h, twice the actuator's prewarm timeout) ago,
+other than its own (`expired`); their images stay cached on the nodes. A copy Job is deleted by
+Kubernetes' TTL controller `COPY_TTL_S` after it finishes (`ttlSecondsAfterFinished`); its file
+stays in the cache directory.
+
 Both are written with server-side apply (`PATCH`, `application/apply-patch+yaml`, field
 manager `skyfed`, force), so applying the same key twice is the same as once, and named from
 the key's hash, so every object name is valid whatever the key.
@@ -25,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from providers.base import PrewarmData, PrewarmSpec
@@ -36,6 +45,7 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 FETCH_IMAGE = "curlimages/curl:8.11.1"
 CACHE_DIR = "/var/lib/skyfed/cache"
 FIELD_MANAGER = "skyfed"
+COPY_TTL_S = 3600  # a finished copy Job is deleted this long after (ttlSecondsAfterFinished)
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 _FETCH = ('set -e; f="/cache/$NAME"; '
           'if [ -s "$f" ] && { [ -z "$SHA" ] || echo "$SHA  $f" | sha256sum -c -s -; }; '
@@ -114,8 +124,8 @@ def render_copy(spec: PrewarmSpec, item: PrewarmData, index: int, *,
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": copy_name(spec.key, index), "namespace": namespace,
                      "labels": labels},
-        "spec": {"backoffLimit": 4, "template": {"metadata": {"labels": labels},
-                                                 "spec": pod}},
+        "spec": {"backoffLimit": 4, "ttlSecondsAfterFinished": COPY_TTL_S,
+                 "template": {"metadata": {"labels": labels}, "spec": pod}},
     }
 
 
@@ -137,3 +147,21 @@ def job_succeeded(obj: Mapping[str, Any]) -> bool:
     st = obj.get("status") or {}
     conds = {c.get("type") for c in st.get("conditions") or [] if c.get("status") == "True"}
     return "Complete" in conds or int(st.get("succeeded") or 0) >= 1
+
+
+def expired(obj: Mapping[str, Any], *, now_s: float, keep_s: float) -> bool:
+    """A prewarm object skyfed made (its labels) that was created more than `keep_s` before
+    `now_s` (Unix seconds); one without a readable creationTimestamp is kept."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if not labels.get(PREWARM_LABEL) or \
+            labels.get("app.kubernetes.io/managed-by") != MANAGED["app.kubernetes.io/managed-by"]:
+        return False
+    raw = meta.get("creationTimestamp")
+    try:
+        created = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    if created.tzinfo is None:
+        return False
+    return now_s - created.timestamp() > keep_s

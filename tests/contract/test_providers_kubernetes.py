@@ -331,6 +331,40 @@ async def test_prewarm_server_side_applies_a_prepull_daemonset_and_a_copy_job(
         await drv.prewarm_done(key="never-applied")
 
 
+async def test_a_prewarm_deletes_the_prewarm_daemonsets_that_expired(
+        k8s: tuple[Any, KubernetesDriver]) -> None:
+    """Each prewarm DaemonSet keeps a pause pod on every node of its pool; one per image set,
+    never deleted, they filled the nodes' pod limit. Those created more than
+    `prewarm_keep_s` ago go at the next prewarm; the fresh one, the one being applied and
+    objects skyfed did not make stay. A copy Job carries ttlSecondsAfterFinished."""
+    import datetime
+
+    from providers.kubernetes_prewarm import COPY_TTL_S, MANAGED, PREWARM_LABEL, key_label
+
+    k, drv = k8s
+    now = datetime.datetime.now(datetime.UTC)
+
+    def ds(name: str, age_s: float, labels: dict[str, str]) -> None:
+        created = (now - datetime.timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        k.objects[DS_RES, NS, name] = {
+            "metadata": {"name": name, "namespace": NS, "labels": labels,
+                         "creationTimestamp": created},
+            "spec": {"selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                         {"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}}}}
+
+    spec = _prewarm_spec()
+    ds("skyfed-prepull-old", 7200, {**MANAGED, PREWARM_LABEL: "aaaa"})
+    ds("skyfed-prepull-fresh", 600, {**MANAGED, PREWARM_LABEL: "bbbb"})
+    ds("someone-elses", 7200, {PREWARM_LABEL: "cccc"})  # not managed by skyfed
+    ds(prepull_name(spec.key), 7200, {**MANAGED, PREWARM_LABEL: key_label(spec.key)})
+    await drv.prewarm(spec=spec)
+    deleted = [r.url.path.rsplit("/", 1)[-1] for r in _reqs(k, "delete")]
+    assert deleted == ["skyfed-prepull-old"]
+    job = _obj(k, JOB_RES, copy_name(spec.key, 0))
+    assert job["spec"]["ttlSecondsAfterFinished"] == COPY_TTL_S
+
+
 async def test_namespace_is_created_first_when_allowed(
         k8s: tuple[Any, KubernetesDriver]) -> None:
     k, drv = k8s
