@@ -302,7 +302,7 @@ class KubernetesDriver:
                     kp.expired(old, now_s=now, keep_s=self.options.prewarm_keep_s):
                 await self._delete_one(self._apps.delete_namespaced_daemon_set,
                                        str(old["metadata"]["name"]), ns)
-        for body in kp.render_all(spec, namespace=ns):
+        for body in kp.render_all(spec, namespace=ns, applied_s=now):
             name = body["metadata"]["name"]
             fn = (self._apps.patch_namespaced_daemon_set if body["kind"] == "DaemonSet"
                   else self._batch.patch_namespaced_job)

@@ -17,9 +17,9 @@ minutes idle on an expensive node. The actuator prewarms a pool before the work 
 
 Neither stays forever. A DaemonSet keeps a pause pod on every node of its pool, and one per
 distinct image set would pile up until the nodes' pod limit (110 by default) is spent: each
-prewarm deletes the prewarm DaemonSets of its namespace created more than
-`KubernetesOptions.prewarm_keep_s` (default 1 h, twice the actuator's prewarm timeout) ago,
-other than its own (`expired`); their images stay cached on the nodes. A copy Job is deleted by
+prewarm deletes the prewarm DaemonSets of its namespace last applied (APPLIED_ANNOTATION,
+else created) more than `KubernetesOptions.prewarm_keep_s` (default 1 h, twice the
+actuator's prewarm timeout) ago, other than its own (`expired`); their images stay cached on the nodes. A copy Job is deleted by
 Kubernetes' TTL controller `COPY_TTL_S` after it finishes (`ttlSecondsAfterFinished`); its file
 stays in the cache directory.
 
@@ -31,6 +31,7 @@ the key's hash, so every object name is valid whatever the key.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from datetime import datetime
@@ -46,6 +47,7 @@ FETCH_IMAGE = "curlimages/curl:8.11.1"
 CACHE_DIR = "/var/lib/skyfed/cache"
 FIELD_MANAGER = "skyfed"
 COPY_TTL_S = 3600  # a finished copy Job is deleted this long after (ttlSecondsAfterFinished)
+APPLIED_ANNOTATION = "skyfed.io/prewarm-applied-at"  # Unix seconds of the last apply
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 _FETCH = ('set -e; f="/cache/$NAME"; '
           'if [ -s "$f" ] && { [ -z "$SHA" ] || echo "$SHA  $f" | sha256sum -c -s -; }; '
@@ -74,8 +76,10 @@ def _labels(spec: PrewarmSpec) -> dict[str, str]:
     return {**clean, **MANAGED, PREWARM_LABEL: key_label(spec.key)}
 
 
-def render_prepull(spec: PrewarmSpec, *, namespace: str) -> dict[str, Any]:
-    """The pre-pull DaemonSet for `spec.images` on `spec.pool`'s nodes."""
+def render_prepull(spec: PrewarmSpec, *, namespace: str,
+                   applied_s: float | None = None) -> dict[str, Any]:
+    """The pre-pull DaemonSet for `spec.images` on `spec.pool`'s nodes; `applied_s` (Unix
+    seconds) is recorded as APPLIED_ANNOTATION, from which it expires (`expired`)."""
     labels = _labels(spec)
     init = [{"name": f"pull-{i}", "image": image, "command": ["/bin/sh", "-c", "exit 0"],
              "resources": {"requests": {"cpu": "1m", "memory": "8Mi"}}}
@@ -91,7 +95,9 @@ def render_prepull(spec: PrewarmSpec, *, namespace: str) -> dict[str, Any]:
         pod["nodeSelector"] = {POOL_LABEL: spec.pool}
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": prepull_name(spec.key), "namespace": namespace, "labels": labels},
+        "metadata": {"name": prepull_name(spec.key), "namespace": namespace, "labels": labels,
+                     **({"annotations": {APPLIED_ANNOTATION: f"{applied_s:.0f}"}}
+                        if applied_s is not None else {})},
         "spec": {"selector": {"matchLabels": {PREWARM_LABEL: labels[PREWARM_LABEL]}},
                  "template": {"metadata": {"labels": labels}, "spec": pod}},
     }
@@ -129,9 +135,11 @@ def render_copy(spec: PrewarmSpec, item: PrewarmData, index: int, *,
     }
 
 
-def render_all(spec: PrewarmSpec, *, namespace: str) -> list[dict[str, Any]]:
+def render_all(spec: PrewarmSpec, *, namespace: str,
+               applied_s: float | None = None) -> list[dict[str, Any]]:
     """Every object a prewarm needs: the DaemonSet (if any image), then one Job per data set."""
-    out = [render_prepull(spec, namespace=namespace)] if spec.images else []
+    out = [render_prepull(spec, namespace=namespace, applied_s=applied_s)] \
+        if spec.images else []
     out += [render_copy(spec, item, i, namespace=namespace)
             for i, item in enumerate(spec.data) if item.url]
     return out
@@ -150,18 +158,24 @@ def job_succeeded(obj: Mapping[str, Any]) -> bool:
 
 
 def expired(obj: Mapping[str, Any], *, now_s: float, keep_s: float) -> bool:
-    """A prewarm object skyfed made (its labels) that was created more than `keep_s` before
-    `now_s` (Unix seconds); one without a readable creationTimestamp is kept."""
+    """A prewarm object skyfed made (its labels) last applied more than `keep_s` before
+    `now_s` (Unix seconds): APPLIED_ANNOTATION, else its creationTimestamp (a prewarm applied
+    again for a new decision is as fresh as that decision). Unreadable times keep it."""
     meta = obj.get("metadata") or {}
     labels = meta.get("labels") or {}
     if not labels.get(PREWARM_LABEL) or \
             labels.get("app.kubernetes.io/managed-by") != MANAGED["app.kubernetes.io/managed-by"]:
         return False
-    raw = meta.get("creationTimestamp")
+    applied = (meta.get("annotations") or {}).get(APPLIED_ANNOTATION)
     try:
-        created = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+        if applied is not None:
+            at = float(applied)
+        else:
+            created = datetime.fromisoformat(str(meta.get("creationTimestamp")).replace(
+                "Z", "+00:00"))
+            if created.tzinfo is None:
+                return False
+            at = created.timestamp()
     except ValueError:
         return False
-    if created.tzinfo is None:
-        return False
-    return now_s - created.timestamp() > keep_s
+    return math.isfinite(at) and now_s - at > keep_s

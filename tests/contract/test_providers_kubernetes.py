@@ -339,7 +339,13 @@ async def test_a_prewarm_deletes_the_prewarm_daemonsets_that_expired(
     objects skyfed did not make stay. A copy Job carries ttlSecondsAfterFinished."""
     import datetime
 
-    from providers.kubernetes_prewarm import COPY_TTL_S, MANAGED, PREWARM_LABEL, key_label
+    from providers.kubernetes_prewarm import (
+        APPLIED_ANNOTATION,
+        COPY_TTL_S,
+        MANAGED,
+        PREWARM_LABEL,
+        key_label,
+    )
 
     k, drv = k8s
     now = datetime.datetime.now(datetime.UTC)
@@ -357,12 +363,18 @@ async def test_a_prewarm_deletes_the_prewarm_daemonsets_that_expired(
     ds("skyfed-prepull-old", 7200, {**MANAGED, PREWARM_LABEL: "aaaa"})
     ds("skyfed-prepull-fresh", 600, {**MANAGED, PREWARM_LABEL: "bbbb"})
     ds("someone-elses", 7200, {PREWARM_LABEL: "cccc"})  # not managed by skyfed
+    ds("skyfed-prepull-again", 7200, {**MANAGED, PREWARM_LABEL: "dddd"})  # applied again:
+    k.objects[DS_RES, NS, "skyfed-prepull-again"].patch({"metadata": {"annotations": {
+        APPLIED_ANNOTATION: f"{now.timestamp() - 60:.0f}"}}})  # fresh, though created long ago
     ds(prepull_name(spec.key), 7200, {**MANAGED, PREWARM_LABEL: key_label(spec.key)})
     await drv.prewarm(spec=spec)
     deleted = [r.url.path.rsplit("/", 1)[-1] for r in _reqs(k, "delete")]
     assert deleted == ["skyfed-prepull-old"]
     job = _obj(k, JOB_RES, copy_name(spec.key, 0))
     assert job["spec"]["ttlSecondsAfterFinished"] == COPY_TTL_S
+    # This prewarm's own DaemonSet now records its apply, so it expires from now on.
+    own = _obj(k, DS_RES, prepull_name(spec.key))
+    assert abs(float(own["metadata"]["annotations"][APPLIED_ANNOTATION]) - now.timestamp()) < 60
 
 
 async def test_namespace_is_created_first_when_allowed(
