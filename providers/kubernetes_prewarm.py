@@ -19,9 +19,9 @@ Neither stays forever. A DaemonSet keeps a pause pod on every node of its pool, 
 distinct image set would pile up until the nodes' pod limit (110 by default) is spent: each
 prewarm deletes the prewarm DaemonSets of its namespace last applied (APPLIED_ANNOTATION,
 else created) more than `KubernetesOptions.prewarm_keep_s` (default 1 h, twice the
-actuator's prewarm timeout) ago, other than its own (`expired`); their images stay cached on the nodes. A copy Job is deleted by
-Kubernetes' TTL controller `COPY_TTL_S` after it finishes (`ttlSecondsAfterFinished`); its file
-stays in the cache directory.
+actuator's prewarm timeout) ago, other than its own (`expired`); their images stay cached on
+the nodes. A copy Job is deleted by Kubernetes' TTL controller `COPY_TTL_S` after it finishes
+(`ttlSecondsAfterFinished`); its file stays in the cache directory.
 
 Both are written with server-side apply (`PATCH`, `application/apply-patch+yaml`, field
 manager `skyfed`, force), so applying the same key twice is the same as once, and named from
