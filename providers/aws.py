@@ -205,7 +205,7 @@ class AwsProvider(LibcloudBase):
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str],
+        labels: Mapping[str, str], spot: bool = False,
     ) -> int:
         """Create tagged instances until `pool` has at least `nodes`; returns the count. It
         never terminates one (see CloudProvider.scale_pool): remove_nodes does, by name."""
@@ -227,7 +227,7 @@ class AwsProvider(LibcloudBase):
                     await self._call(_run_from_template, drv, name=name,
                                      instance_type=instance_type, template=template,
                                      version=self._opts.launch_template_version, tags=tags,
-                                     region=region)
+                                     spot=spot, region=region)
                 return len(await self._pool_nodes(region, pool, labels))
             if not self._opts.image_id:
                 raise ConfigError("AwsOptions.image_id or launch_template is required to scale "
@@ -238,7 +238,7 @@ class AwsProvider(LibcloudBase):
             for name in names:
                 await self._call(drv.create_node, name=name,
                                  size=sizes[instance_type], image=image, ex_metadata=tags,
-                                 region=region)
+                                 ex_spot=spot, region=region)
         return len(await self._pool_nodes(region, pool, labels))
 
     def _template(self, group: str, labels: Mapping[str, str]) -> str:
@@ -265,7 +265,7 @@ class AwsProvider(LibcloudBase):
 
 
 def _run_from_template(drv: Any, *, name: str, instance_type: str, template: str,
-                       version: str, tags: Mapping[str, str]) -> Any:
+                       version: str, tags: Mapping[str, str], spot: bool = False) -> Any:
     """RunInstances from launch template `template` (libcloud's create_node takes no
     template), with the pool's instance type and the node group's tags, as create_node
     sets them; the new instance, as libcloud's Node."""
@@ -275,6 +275,8 @@ def _run_from_template(drv: Any, *, name: str, instance_type: str, template: str
         "LaunchTemplate.LaunchTemplateName": template, "LaunchTemplate.Version": version,
         "TagSpecification.1.ResourceType": "instance",
     }
+    if spot:  # as create_node's ex_spot: a one-time spot request at up to the on-demand price
+        params["InstanceMarketOptions.MarketType"] = "spot"
     for i, (k, v) in enumerate({"Name": name, **tags}.items(), start=1):
         params[f"TagSpecification.1.Tag.{i}.Key"] = k
         params[f"TagSpecification.1.Tag.{i}.Value"] = v

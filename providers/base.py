@@ -265,12 +265,13 @@ class CloudProvider(Protocol):
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str],
+        labels: Mapping[str, str], spot: bool = False,
     ) -> int:
         """Grow node group `pool` to at least `nodes` machines; returns its count. It never
         terminates a machine, which may run work: shrinking is `remove_nodes`, by name. The
         group's machines are those of `pool` that carry every one of `labels` (the cluster's
-        `skyfed.io/cluster`), so two clusters' groups of one name stay apart."""
+        `skyfed.io/cluster`), so two clusters' groups of one name stay apart. `spot`: new
+        machines are bought at the spot price (the pool is priced so: `Pool.pricing`)."""
         ...
 
     async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],

@@ -172,7 +172,7 @@ class GcpProvider(LibcloudBase):
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str],
+        labels: Mapping[str, str], spot: bool = False,
     ) -> int:
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
@@ -187,7 +187,8 @@ class GcpProvider(LibcloudBase):
                                   nodes - len(current)):
                 await self._call(
                     drv.create_node, name, instance_type,
-                    self._opts.image, location=zone, ex_labels=gce_labels, region=region,
+                    self._opts.image, location=zone, ex_labels=gce_labels,
+                    ex_preemptible=spot, region=region,
                 )
         return len(await self._pool_nodes(zone, pool, labels))
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from broker.domain import PricingModel
 from broker.store import ClusterRecord
 from providers.base import (
     Capability,
@@ -106,7 +107,8 @@ async def set_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str, nodes: int
         spec = next(p for p in rec.cluster.pools if p.name == pool)
         return await accounts[route.account].scale_pool(
             region=rec.cluster.region, pool=route.group, instance_type=spec.instance_type,
-            nodes=nodes, labels={CLUSTER_LABEL: rec.cluster.name})
+            nodes=nodes, labels={CLUSTER_LABEL: rec.cluster.name},
+            spot=spec.pricing is PricingModel.SPOT)
     driver = drivers[rec.cluster.name]
     if route.how != "driver" or not isinstance(driver, PoolScalingDriver):
         raise ProviderError(route.reason or "cannot scale", provider="skyfed")

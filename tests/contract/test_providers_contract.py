@@ -343,6 +343,40 @@ async def test_aws_scale_pool_launches_from_the_groups_launch_template(moto_port
                            nodes=3, labels={})
 
 
+async def test_aws_scale_pool_buys_spot_for_a_spot_pool(moto_port: int) -> None:
+    """A pool the planner priced at spot must be bought at spot: before, every order launched
+    on-demand machines, whatever the pool's pricing. Bare and from a launch template alike."""
+    import asyncio
+
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
+                       aws_access_key_id="AKIDSPOT", aws_secret_access_key="secret-spot")
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    ec2.create_launch_template(LaunchTemplateName="spot-lt", LaunchTemplateData={
+        "ImageId": image})
+    labels = {"skyfed.io/cluster": "c-spot"}
+    bare = _aws(moto_port, image_id=image)
+    templated = _aws(moto_port, launch_template="spot-lt")
+    assert await bare.scale_pool(region="us-east-1", pool="m5-spot", instance_type="m5.large",
+                                 nodes=1, labels=labels, spot=True) == 1
+    assert await templated.scale_pool(region="us-east-1", pool="m5-spot-lt",
+                                      instance_type="m5.large", nodes=1, labels=labels,
+                                      spot=True) == 1
+    assert await bare.scale_pool(region="us-east-1", pool="m5-od", instance_type="m5.large",
+                                 nodes=1, labels=labels) == 1
+    drv = bare._driver("us-east-1")  # type: ignore[attr-defined]
+
+    async def lifecycle(pool: str) -> list[str]:
+        listed = await asyncio.to_thread(drv.list_nodes, ex_filters={
+            "tag:skyfed.io/pool": pool, "instance-state-name": ["pending", "running"]})
+        return [str(n.extra.get("instance_lifecycle") or "on-demand") for n in listed]
+
+    assert await lifecycle("m5-spot") == ["spot"]
+    assert await lifecycle("m5-spot-lt") == ["spot"]
+    assert await lifecycle("m5-od") == ["on-demand"]
+
+
 async def test_gcp_remove_nodes_deletes_only_the_named_instance(tmp_path: Path) -> None:
     from tests.contract.fixture_server import FIXTURES
 

@@ -18,7 +18,14 @@ import pytest
 from kubernetes import client
 
 from broker.clock import ManualClock
-from broker.domain import Cluster, DataSource, FederationSnapshot, Pool, Resources
+from broker.domain import (
+    Cluster,
+    DataSource,
+    FederationSnapshot,
+    Pool,
+    PricingModel,
+    Resources,
+)
 from broker.federation.actuator import Actuator
 from broker.federation.decision_log import record_decisions
 from broker.placement.kinds import PoolScaleIn
@@ -123,6 +130,32 @@ async def test_scale_up_through_a_declared_ec2_node_group_on_moto(
     await act.act_once()
     kinds = [k for k, _ in await _events(store, "scale.")]
     assert kinds == ["scale.ordered", "scale.failed"]
+
+
+async def test_an_order_for_a_spot_pool_buys_spot_machines(
+        store: Store, moto_port: int) -> None:  # noqa: F811
+    """The planner prices a spot pool at its spot price; the order through the declared node
+    group must buy it so. Before, every order launched on-demand machines."""
+    base = {"endpoint_host": "127.0.0.1", "endpoint_port": moto_port, "secure": False,
+            "timeout_s": 10}
+    probe = AwsProvider(AwsOptions("AKIDSPOT", "secret-spot", **base))  # type: ignore[arg-type]
+    image = probe._driver("us-east-1").list_images()[0].id
+    aws = AwsProvider(AwsOptions("AKIDSPOT", "secret-spot", image_id=image,
+                                 **base))  # type: ignore[arg-type]
+    pool = Pool(name="cpu-spot", instance_type="m5.large", node=Resources(2, 8, 0), nodes=0,
+                max_nodes=5, price_usd_per_hour=0.035, pricing=PricingModel.SPOT)
+    cluster = Cluster(name="eks-spot", provider="aws", region="us-east-1", pools=(pool,))
+    async with store.unit() as uow:
+        await uow.tenants.ensure("admin")
+        await uow.clusters.upsert(cluster, tenant="admin", attrs={
+            "scaling": {"account": "aws-act", "groups": {"cpu-spot": "eks-spot-cpu"}}})
+    clock = ManualClock(1000.0)
+    await _record(store, EpochPlan((), {}, (PoolScale("eks-spot", "cpu-spot", 2),), STATS),
+                  (cluster,), clock.now())
+    await Actuator(store, {}, clock, accounts={"aws-act": aws}).act_once()
+    listed = await asyncio.to_thread(aws._driver("us-east-1").list_nodes, ex_filters={
+        "tag:skyfed.io/pool": "eks-spot-cpu", "instance-state-name": ["pending", "running"]})
+    assert [n.extra.get("instance_lifecycle") for n in listed] == ["spot", "spot"]
 
 
 @dataclass
