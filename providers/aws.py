@@ -4,7 +4,8 @@
 - Offers: libcloud's size table for the region (its bundled on-demand Linux prices) merged onto
   the catalog; AWS spot prices stay null (no offline source; see providers/catalog.py).
 - Quotas: ``DescribeAccountAttributes`` (``max-instances``) with the running instance count as
-  usage, and the vCPUs of running instances (used) against ``AwsOptions.vcpu_limit`` when set
+  usage, and the vCPUs of running on-demand instances (used) against ``AwsOptions.vcpu_limit``
+  when set
   (Service Quotas' "Running On-Demand Standard instances" is a separate API libcloud lacks).
 - scale_pool: instances tagged ``skyfed.io/pool=<pool>`` (plus the cluster's labels) are created
   until the pool has at least the requested count, from the group's EC2 launch template when
@@ -194,6 +195,8 @@ class AwsProvider(LibcloudBase):
         if self._opts.vcpu_limit is not None:
             used = 0.0
             for n in nodes:
+                if (n.extra or {}).get("instance_lifecycle") == "spot":
+                    continue  # spot capacity has its own quota (Spot Instance Requests)
                 itype = (n.extra or {}).get("instance_type", "")
                 try:
                     used += self.catalog.offer("aws", region, itype).vcpu

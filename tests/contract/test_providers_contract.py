@@ -356,10 +356,17 @@ async def test_aws_scale_pool_buys_spot_for_a_spot_pool(moto_port: int) -> None:
     ec2.create_launch_template(LaunchTemplateName="spot-lt", LaunchTemplateData={
         "ImageId": image})
     labels = {"skyfed.io/cluster": "c-spot"}
-    bare = _aws(moto_port, image_id=image)
+    bare = _aws(moto_port, image_id=image, vcpu_limit=1000)
     templated = _aws(moto_port, launch_template="spot-lt")
+
+    async def on_demand_vcpu() -> float:
+        return {q.metric: q.used for q in await bare.get_quotas(region="us-east-1")}["vcpu"]
+
+    before = await on_demand_vcpu()
     assert await bare.scale_pool(region="us-east-1", pool="m5-spot", instance_type="m5.large",
                                  nodes=1, labels=labels, spot=True) == 1
+    # Spot has its own quota: the on-demand vCPU quota's usage does not count it.
+    assert await on_demand_vcpu() == before
     assert await templated.scale_pool(region="us-east-1", pool="m5-spot-lt",
                                       instance_type="m5.large", nodes=1, labels=labels,
                                       spot=True) == 1
@@ -375,6 +382,7 @@ async def test_aws_scale_pool_buys_spot_for_a_spot_pool(moto_port: int) -> None:
     assert await lifecycle("m5-spot") == ["spot"]
     assert await lifecycle("m5-spot-lt") == ["spot"]
     assert await lifecycle("m5-od") == ["on-demand"]
+    assert await on_demand_vcpu() == before + 2  # the m5.large bought on demand
 
 
 async def test_gcp_remove_nodes_deletes_only_the_named_instance(tmp_path: Path) -> None:
