@@ -10,8 +10,8 @@
 - scale_pool: instances tagged ``skyfed.io/pool=<pool>`` (plus the cluster's labels) are created
   until the pool has at least the requested count, from the group's EC2 launch template when
   ``launch_template`` is set (what a machine needs to join its cluster), else bare from
-  ``image_id``; remove_nodes terminates exactly the named
-  instances of the pool (instance id, Name tag or private DNS name).
+  ``image_id``; remove_nodes terminates exactly the named instances of the pool (instance
+  id, Name tag or private DNS name).
 
 EC2-compatible endpoints (moto, LocalStack) are reached with ``endpoint_host``/``endpoint_port``;
 they answer with the API namespace without libcloud's trailing ``/``, which ``_CompatResponse``
@@ -220,28 +220,26 @@ class AwsProvider(LibcloudBase):
             raise NotFoundError(f"unknown instance type {instance_type!r}", provider="aws",
                                 region=region)
         current = await self._pool_nodes(region, pool, labels)
-        if len(current) < nodes:
-            tags = {**labels, SKYFED_POOL_LABEL: pool}
-            names = new_names(f"skyfed-{pool}", (n.name or "" for n in current),
-                              nodes - len(current))
-            template = self._template(pool, labels)
+        if len(current) >= nodes:
+            return len(current)
+        tags = {**labels, SKYFED_POOL_LABEL: pool}
+        template = self._template(pool, labels)
+        if not template and not self._opts.image_id:
+            raise ConfigError("AwsOptions.image_id or launch_template is required to scale "
+                              "a pool up", provider="aws", region=region)
+        for name in new_names(f"skyfed-{pool}", (n.name or "" for n in current),
+                              nodes - len(current)):
             if template:
-                for name in names:
-                    await self._call(_run_from_template, drv, name=name,
-                                     instance_type=instance_type, template=template,
-                                     version=self._opts.launch_template_version, tags=tags,
-                                     spot=spot, region=region)
-                return len(await self._pool_nodes(region, pool, labels))
-            if not self._opts.image_id:
-                raise ConfigError("AwsOptions.image_id or launch_template is required to scale "
-                                  "a pool up", provider="aws", region=region)
-            from libcloud.compute.base import NodeImage
+                await self._call(_run_from_template, drv, name=name,
+                                 instance_type=instance_type, template=template,
+                                 version=self._opts.launch_template_version, tags=tags,
+                                 spot=spot, region=region)
+            else:
+                from libcloud.compute.base import NodeImage
 
-            image = NodeImage(id=self._opts.image_id, name=self._opts.image_id, driver=drv)
-            for name in names:
-                await self._call(drv.create_node, name=name,
-                                 size=sizes[instance_type], image=image, ex_metadata=tags,
-                                 ex_spot=spot, region=region)
+                image = NodeImage(id=self._opts.image_id, name=self._opts.image_id, driver=drv)
+                await self._call(drv.create_node, name=name, size=sizes[instance_type],
+                                 image=image, ex_metadata=tags, ex_spot=spot, region=region)
         return len(await self._pool_nodes(region, pool, labels))
 
     def _template(self, group: str, labels: Mapping[str, str]) -> str:

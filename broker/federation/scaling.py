@@ -38,8 +38,6 @@ from providers.base import (
 from providers.cloud import SKYFED_CLUSTER_LABEL
 from providers.errors import ProviderError
 
-CLUSTER_LABEL = SKYFED_CLUSTER_LABEL
-
 
 @dataclass(frozen=True, slots=True)
 class ScaleRoute:
@@ -107,7 +105,7 @@ async def set_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str, nodes: int
         spec = next(p for p in rec.cluster.pools if p.name == pool)
         return await accounts[route.account].scale_pool(
             region=rec.cluster.region, pool=route.group, instance_type=spec.instance_type,
-            nodes=nodes, labels={CLUSTER_LABEL: rec.cluster.name},
+            nodes=nodes, labels={SKYFED_CLUSTER_LABEL: rec.cluster.name},
             spot=spec.pricing is PricingModel.SPOT)
     driver = drivers[rec.cluster.name]
     if route.how != "driver" or not isinstance(driver, PoolScalingDriver):
@@ -122,18 +120,16 @@ async def remove_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str,
                        inventory: Sequence[NodeInventory] | None = None) -> int:
     """Remove exactly the nodes `names` and return the pool's count. A driver removes them
     (empty ones only). A cloud node group terminates their machines, each named as its
-    cloud knows it (`NodeInventory.instance`: the tail of the node's providerID, else its
-    name; `inventory` is the driver's, read here when not given), as the Cluster
-    Autoscaler's DeleteNodes does, so a node the planner did not name, which may run work,
-    never goes in its place."""
+    cloud knows it (`NodeInventory.instance` from the driver's `inventory`, which the caller
+    has read: the tail of the node's providerID; a node it does not list goes by its own
+    name), as the Cluster Autoscaler's DeleteNodes does, so a node the planner did not name,
+    which may run work, never goes in its place."""
     if route.how == "account":
-        if inventory is None:
-            inventory = await read_inventory(drivers.get(rec.cluster.name)) or ()
-        known = {n.name: n.instance for n in inventory}
+        known = {n.name: n.instance for n in inventory or ()}
         return await accounts[route.account].remove_nodes(
             region=rec.cluster.region, pool=route.group,
             nodes=[known.get(name, name) for name in names],
-            labels={CLUSTER_LABEL: rec.cluster.name})
+            labels={SKYFED_CLUSTER_LABEL: rec.cluster.name})
     driver = drivers[rec.cluster.name]
     if route.how != "driver" or not isinstance(driver, PoolScalingDriver):
         raise ProviderError(route.reason or "cannot scale", provider="skyfed")
