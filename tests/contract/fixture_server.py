@@ -27,9 +27,10 @@ FIXTURES = Path(libcloud.__file__).parent / "test" / "compute" / "fixtures"
 @dataclass
 class FixtureState:
     kind: str  # gce | azure_arm
-    extra: dict[str, object] = field(default_factory=dict)  # path -> JSON body
+    extra: dict[str, object] = field(default_factory=dict)  # [METHOD ]path -> JSON body
     faults: list[int] = field(default_factory=list)  # status codes to answer next, in order
     requests: list[str] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)  # each request's body, in order
 
 
 def _candidates(kind: str, method: str, path: str) -> list[str]:
@@ -59,17 +60,18 @@ def _handler(state: FixtureState) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            if length:
-                self.rfile.read(length)
+            body = self.rfile.read(length) if length else b""
             path = urlparse(self.path).path
             state.requests.append(f"{self.command} {path}")
+            state.bodies.append(body)
             if state.faults:
                 code = state.faults.pop(0)
                 self._send(code, {"error": {"code": code, "message": f"injected {code}"}})
                 return
-            if path in state.extra:
-                self._send(200, state.extra[path])
-                return
+            for key in (f"{self.command} {path}", path):  # "METHOD /path" first, then any method
+                if key in state.extra:
+                    self._send(200, state.extra[key])
+                    return
             for name in _candidates(state.kind, self.command, path):
                 f = FIXTURES / state.kind / name
                 if f.is_file():

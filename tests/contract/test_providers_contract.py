@@ -407,6 +407,37 @@ async def test_gcp_remove_nodes_deletes_only_the_named_instance(tmp_path: Path) 
                        "lcnode-001"]
 
 
+async def test_gcp_scale_pool_counts_its_clusters_group_and_names_around_the_zone(
+        tmp_path: Path) -> None:
+    """The zone holds `skyfed-gpu-0` of another cluster's group `gpu` and `skyfed-gpu-1` of
+    this cluster's: the group counts one machine, and the order's new instance takes a name
+    no instance of the zone holds (GCE refuses a taken one). A spot pool's is preemptible."""
+    from tests.contract.fixture_server import FIXTURES
+
+    state = FixtureState("gce")
+    listing = json.loads((FIXTURES / "gce" / "zones_us-central1-a_instances.json").read_text())
+    template = listing["items"][0]
+    listing["items"] = [
+        {**template, "name": "skyfed-gpu-0", "id": "100",
+         "labels": {"skyfed-io-pool": "gpu", "skyfed-io-cluster": "other"}},
+        {**template, "name": "skyfed-gpu-1", "id": "101",
+         "labels": {"skyfed-io-pool": "gpu", "skyfed-io-cluster": "c1"}}]
+    state.extra["GET /compute/v1/projects/project_name/zones/us-central1-a/instances"] = listing
+    state.extra["/compute/v1/projects/project_name/zones/us-central1-a/instances/"
+                "skyfed-gpu-2"] = json.loads(
+        (FIXTURES / "gce" / "zones_us-central1-a_instances_node-name.json").read_text())
+    with serve(state) as port:
+        p = _gcp(port, tmp_path)
+        await p.scale_pool(region="us-central1", pool="gpu", instance_type="n1-standard-1",
+                           nodes=2, labels={"skyfed.io/cluster": "c1"}, spot=True)
+    [body] = [b for r, b in zip(state.requests, state.bodies, strict=True)
+              if r.startswith("POST ") and r.endswith("/instances")]
+    sent = json.loads(body)
+    assert sent["name"] == "skyfed-gpu-2"  # one machine ordered, around both taken names
+    assert sent["labels"] == {"skyfed-io-pool": "gpu", "skyfed-io-cluster": "c1"}
+    assert sent["scheduling"]["preemptible"] is True
+
+
 async def test_azure_declares_no_scale_pool() -> None:
     p = _azure(1)
     assert Capability.SCALE_POOL not in p.capabilities
