@@ -99,3 +99,21 @@ def test_the_sample_gets_its_share_of_every_shared_capacity() -> None:
     assert np.allclose(part.col_hi[nodes], 0.25 * model.col_hi[nodes])
     assert np.isinf(part.col_hi[:model.n_x]).all()
     assert np.array_equal(part.cost, model.cost)
+
+
+def test_pairs_join_each_workloads_columns_once_cheapest_first() -> None:
+    """pricing.with_pairs (the grown candidate sets of pricing and of the greedy incumbent's
+    columns): each workload's own options and the added ones, each once, ordered by cost and
+    then by option index, as the per-workload union and stable sort it replaced."""
+    cs = contended(k=1, n=6)
+    assert all(c.size == 1 for c in cs.cand)
+    ws = np.array([0, 0, 0, 3, 5, 5], dtype=np.int64)
+    opts = np.array([2, 1, 2, 0, 0, 2], dtype=np.int64)
+    grown = pricing.with_pairs(cs, ws, opts)
+    for w in range(6):
+        added = {int(o) for v, o in zip(ws, opts, strict=True) if v == w}
+        expect = sorted(set(cs.cand[w].tolist()) | added,
+                        key=lambda o, w=w: (float(cs.cost[w, o]), o))
+        assert grown.cand[w].tolist() == expect
+    assert grown.cand[0].size == 3  # option 2 added twice is there once
+    assert grown.cand[1].tolist() == cs.cand[1].tolist()
