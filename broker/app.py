@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from broker.clock import Clock, SystemClock
 from broker.errors import BrokerError
 from broker.federation.looping import Loop, supervise
 from broker.federation.runtime import Runtime
+from broker.heap import serve_heap
 from broker.settings import Settings, load_settings
 from broker.store import Store
 from broker.store.leadership import SqliteLock
@@ -205,7 +205,7 @@ async def serve(settings: Settings, *, migrate: bool = False, api_only: bool = F
                                 workers=1, log_level="warning", access_log=False,
                                 lifespan="off", loop="none", http=_http_impl())
         server = _Server(config)
-        _tune_gc()
+        serve_heap()  # broker/heap.py
         stop = asyncio.Event()
         with _signals(server, stop):
             async with asyncio.TaskGroup() as tg:
@@ -237,17 +237,6 @@ def replica_loops(rt: Runtime, loops: list[Loop], *, port: int | None = None) ->
     # `--api-only` builds no loops: it must not campaign (a leader without loops would
     # hold the lock while nothing places); it only wakes the leader
     return [elector, notifier] if loops else [notifier]
-
-
-def _tune_gc() -> None:
-    """Fewer, cheaper collections: the long-lived start-up objects (modules,
-    the app, pydantic schemas) are moved out of the collector's view, and the
-    young generation is collected less often. Cuts GC pauses from the API's
-    tail latency; request garbage is short-lived and freed by refcounting."""
-    gc.collect()
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, 20_000), gen1, gen2)
 
 
 def _http_impl() -> str:

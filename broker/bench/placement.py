@@ -18,6 +18,12 @@ the one the live broker and the twin use. Against the untimed reference
 (`reference_bound`): `lp_bound_full` (the unpruned LP), `proven_bound` (the
 dual bound of a MIP run for `--proven-mip-s` seconds, or the LP bound above
 `--proven-max-workloads`) and `default_path_gap_vs_proven_bound`.
+
+The sizes run under the garbage collector's settings of `skyfed serve`, whose placement
+loop plans the live epochs (broker/heap.py: the start-up heap frozen, young collections
+every 20,000 allocations): at the interpreter's defaults a full collection of the warm
+process's heap (~150 ms at 1000x200) fell into every third or fourth plan, which the live
+loop does not pay.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from broker.domain import (
     WorkloadKind,
     WorkloadSpec,
 )
+from broker.heap import SERVE_YOUNG_THRESHOLD, run_heap
 from broker.placement import lp, pricing
 from broker.placement.baselines import greedy
 from broker.placement.ledger import penalties, tenant_budgets
@@ -402,14 +409,14 @@ def register(app: typer.Typer) -> None:
         def say(msg: str) -> None:
             typer.echo(f"[bench placement] {msg}", err=True)
 
-        if warmup:
-            warm_up(catalog, config, say)
-
-        out = {s: run_size(catalog, s, repeats=repeats, seed=seed, config=config,
-                           proven_mip_s=proven_mip_s,
-                           proven_max_workloads=proven_max_workloads,
-                           proven_pricing_s=proven_pricing_s, say=say)
-               for s in sizes.split(",") if s}
+        with run_heap(SERVE_YOUNG_THRESHOLD, collect=True):  # as `skyfed serve` (above)
+            if warmup:
+                warm_up(catalog, config, say)
+            out = {s: run_size(catalog, s, repeats=repeats, seed=seed, config=config,
+                               proven_mip_s=proven_mip_s,
+                               proven_max_workloads=proven_max_workloads,
+                               proven_pricing_s=proven_pricing_s, say=say)
+                   for s in sizes.split(",") if s}
         if as_json:
             typer.echo(json.dumps({"sizes": out}, indent=2))
             return

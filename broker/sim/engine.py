@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.domain import FederationSnapshot, PolicyAction, UserRegion
+from broker.heap import run_heap
 from broker.placement import consolidate, training
 from broker.placement.planner import EpochPlan, PlannerConfig, idle_timer_s
 from broker.placement.snapshot import MergeMemo
 from broker.sim import applying, faults, hazard
-from broker.sim.heap import run_heap
 from broker.sim.metrics import Metrics
 from broker.sim.network import egress_table, user_rtt_table
 from broker.sim.realize import SPOT_HAZARD, TwinNoise, realize, stream
@@ -228,7 +228,7 @@ class Engine:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, object]:
-        with run_heap():  # the collector's settings only (sim/heap.py): no decision changes
+        with run_heap():  # the collector's settings only (broker/heap.py): no decision changes
             return self._run()
 
     def _run(self) -> dict[str, object]:

@@ -130,3 +130,36 @@ def test_family_batches_price_inside_the_family_box(catalog: Catalog) -> None:
                                                            pricing_time_frac=0.0, explain=False))
     assert family.stats.pricing_rounds >= 1
     assert plain.stats.pricing_rounds == 0
+
+
+def test_the_bench_times_plans_under_the_collector_settings_of_skyfed_serve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live placement loop plans in `skyfed serve`, which freezes its start-up heap and
+    collects the young generation every SERVE_YOUNG_THRESHOLD allocations (broker/heap.py);
+    at the interpreter's defaults a full collection of the warm heap fell into every third
+    or fourth timed plan. The bench's plans see serve's settings, and the caller's are
+    restored after."""
+    import gc
+
+    from typer.testing import CliRunner
+
+    import broker.bench.placement as bench
+    from broker.cli import app
+    from broker.heap import SERVE_YOUNG_THRESHOLD
+
+    before = gc.get_threshold()
+    gc.unfreeze()
+    seen: list[tuple[int, int]] = []
+
+    def recording(*args: object, **kwargs: object) -> object:
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        return plan_epoch(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bench, "plan_epoch", recording)
+    out = CliRunner().invoke(app, ["bench", "placement", "--sizes", "30x10", "--repeats", "1",
+                                   "--proven-mip-s", "0.5", "--json"])
+    assert out.exit_code == 0, out.output
+    assert len(seen) >= 2  # the warm-up and the timed run
+    assert all(young >= SERVE_YOUNG_THRESHOLD and frozen > 0 for young, frozen in seen)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

@@ -1,5 +1,5 @@
 """A twin run changes the garbage collector's settings while it runs, and only then
-(sim/heap.py): the caller's thresholds and frozen heap are as they were afterwards, also when
+(broker/heap.py): the caller's thresholds and frozen heap are as they were afterwards, also when
 the run fails."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import gc
 import pytest
 
 from broker.domain import FederationSnapshot, PolicyAction
+from broker.heap import YOUNG_THRESHOLD
 from broker.placement.planner import EpochPlan, PlannerConfig, plan_epoch
 from broker.sim.engine import Engine, SimConfig
-from broker.sim.heap import YOUNG_THRESHOLD
 from broker.sim.realize import TwinNoise
 from tests.unit.test_twin_engine import doc, scenario
 from tests.unit.test_twin_scenario import FakeCatalog
