@@ -30,6 +30,7 @@ from providers.cloud import (
     SKYFED_CLUSTER_LABEL,
     SKYFED_POOL_LABEL,
     LibcloudBase,
+    client_token,
     matching,
     new_names,
 )
@@ -208,10 +209,13 @@ class AwsProvider(LibcloudBase):
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str], spot: bool = False,
+        labels: Mapping[str, str], spot: bool = False, order: str = "",
     ) -> int:
         """Create tagged instances until `pool` has at least `nodes`; returns the count. It
-        never terminates one (see CloudProvider.scale_pool): remove_nodes does, by name."""
+        never terminates one (see CloudProvider.scale_pool): remove_nodes does, by name.
+        With an `order`, each RunInstances carries the ClientToken of the order and the
+        machine's name (`client_token`), so EC2 answers a retry of an accepted launch with
+        the instance it launched."""
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         drv = self._driver(region)
@@ -229,17 +233,19 @@ class AwsProvider(LibcloudBase):
                               "a pool up", provider="aws", region=region)
         for name in new_names(f"skyfed-{pool}", (n.name or "" for n in current),
                               nodes - len(current)):
+            token = client_token(order, name)
             if template:
                 await self._call(_run_from_template, drv, name=name,
                                  instance_type=instance_type, template=template,
                                  version=self._opts.launch_template_version, tags=tags,
-                                 spot=spot, region=region)
+                                 spot=spot, token=token, region=region)
             else:
                 from libcloud.compute.base import NodeImage
 
                 image = NodeImage(id=self._opts.image_id, name=self._opts.image_id, driver=drv)
                 await self._call(drv.create_node, name=name, size=sizes[instance_type],
-                                 image=image, ex_metadata=tags, ex_spot=spot, region=region)
+                                 image=image, ex_metadata=tags, ex_spot=spot,
+                                 ex_clienttoken=token or None, region=region)
         return len(await self._pool_nodes(region, pool, labels))
 
     def _template(self, group: str, labels: Mapping[str, str]) -> str:
@@ -266,7 +272,8 @@ class AwsProvider(LibcloudBase):
 
 
 def _run_from_template(drv: Any, *, name: str, instance_type: str, template: str,
-                       version: str, tags: Mapping[str, str], spot: bool = False) -> Any:
+                       version: str, tags: Mapping[str, str], spot: bool = False,
+                       token: str = "") -> Any:
     """RunInstances from launch template `template` (libcloud's create_node takes no
     template), with the pool's instance type and the node group's tags, as create_node
     sets them; the new instance, as libcloud's Node."""
@@ -278,6 +285,8 @@ def _run_from_template(drv: Any, *, name: str, instance_type: str, template: str
     }
     if spot:  # as create_node's ex_spot: a one-time spot request at up to the on-demand price
         params["InstanceMarketOptions.MarketType"] = "spot"
+    if token:  # as create_node's ex_clienttoken
+        params["ClientToken"] = token
     for i, (k, v) in enumerate({"Name": name, **tags}.items(), start=1):
         params[f"TagSpecification.1.Tag.{i}.Key"] = k
         params[f"TagSpecification.1.Tag.{i}.Value"] = v

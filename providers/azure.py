@@ -172,7 +172,7 @@ class AzureProvider(LibcloudBase):
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str], spot: bool = False,
+        labels: Mapping[str, str], spot: bool = False, order: str = "",
     ) -> int:
         raise ProviderError(
             "the azure adapter does not scale VMs (Capability.SCALE_POOL absent): scale the AKS "

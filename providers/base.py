@@ -265,13 +265,19 @@ class CloudProvider(Protocol):
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str], spot: bool = False,
+        labels: Mapping[str, str], spot: bool = False, order: str = "",
     ) -> int:
         """Grow node group `pool` to at least `nodes` machines; returns its count. It never
         terminates a machine, which may run work: shrinking is `remove_nodes`, by name. The
         group's machines are those of `pool` that carry every one of `labels` (the cluster's
         `skyfed.io/cluster`), so two clusters' groups of one name stay apart. `spot`: new
-        machines are bought at the spot price (the pool is priced so: `Pool.pricing`)."""
+        machines are bought at the spot price (the pool is priced so: `Pool.pricing`).
+        `order`: the order's idempotency key, the same in every retry of one order and
+        never reused by another (the actuator's `order` of the decision); a cloud that takes
+        one makes each machine's launch request idempotent with it (EC2's ClientToken,
+        `providers.cloud.client_token`), so a retried order whose launch timed out after the
+        cloud had accepted it, before the machine showed in the group, buys no second
+        machine."""
         ...
 
     async def remove_nodes(self, *, region: str, pool: str, nodes: Sequence[str],

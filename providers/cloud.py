@@ -14,6 +14,7 @@ lacks are added from the driver's numbers.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import socket
 from collections.abc import Callable, Iterable
@@ -51,6 +52,17 @@ def new_names(prefix: str, taken: Iterable[str], count: int) -> list[str]:
             out.append(name)
         i += 1
     return out
+
+
+def client_token(order: str, name: str) -> str:
+    """The idempotency token of machine `name`'s launch in `order` ("" without an order): the
+    same in each retry of the order, which asks for the same name while the machine has not
+    shown in the group, and another in every other order, even for a name a removal freed
+    (EC2 remembers a token after its instance ends). 32 hex digits: EC2 takes up to 64 ASCII
+    characters."""
+    if not order:
+        return ""
+    return hashlib.sha256(f"{order}\n{name}".encode()).hexdigest()[:32]
 
 
 def matching(machines: Iterable[T], wanted: Iterable[str],

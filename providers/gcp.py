@@ -172,8 +172,13 @@ class GcpProvider(LibcloudBase):
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str], spot: bool = False,
+        labels: Mapping[str, str], spot: bool = False, order: str = "",
     ) -> int:
+        """Create labelled instances until `pool` has at least `nodes`; returns the count.
+        `order` is not sent: an instance name is unique in its zone, so a retried order
+        whose insert was accepted before the instance showed asks for the same name again,
+        and GCE refuses it (409, a ConflictError that fails the decision) instead of buying a
+        second machine; the group's next order counts the first."""
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         drv = await self._driver()

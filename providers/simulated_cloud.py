@@ -116,7 +116,7 @@ class SimulatedCloudProvider:
 
     async def scale_pool(
         self, *, region: str, pool: str, instance_type: str, nodes: int,
-        labels: Mapping[str, str], spot: bool = False,
+        labels: Mapping[str, str], spot: bool = False, order: str = "",
     ) -> int:
         self._check_region(region)
         offer = self.catalog.offer(self.name, region, instance_type)

@@ -227,7 +227,8 @@ class Actuator:
                 return Outcome("refused", event="refused", error=route.reason,
                                data={"target_nodes": target})
             count = await scaling.set_nodes(route, cluster, rec.pool, target,
-                                            drivers=self._drivers, accounts=self._accounts)
+                                            drivers=self._drivers, accounts=self._accounts,
+                                            order=str(rec.spec.get("order") or ""))
             via = route.account or "driver"
             return Outcome("running", step="ordered", event="ordered", wait_s=0.0,
                            spec={"ordered_s": now, "count": count, "via": via},

@@ -7,7 +7,9 @@ Rows (kind, key, spec), one per thing acted on:
 - scale: one per pool and epoch, `pool:<cluster>/<pool>`, `target_nodes` = the pool's nodes in
   the epoch's snapshot (ordered ones included) + every `PoolScale.add_nodes` and
   `Prewarm.nodes` for it. An absolute target makes the order idempotent; a newer order on the
-  same pool supersedes the older (its target already counts the older's nodes).
+  same pool supersedes the older (its target already counts the older's nodes). Each order
+  carries `order`, a random idempotency key its retries reuse (CloudProvider.scale_pool:
+  EC2's ClientToken), so a retried launch that the cloud had accepted buys no second machine.
 - scale_in: the `PoolScaleIn` nodes, `target_nodes` = nodes - removed (same key).
 - prewarm (images/data): `prewarm:<cluster>/<pool>/<hash of the images and data>`; one that
   is open or done is not written again (the planner may repeat it every epoch, and for
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,7 +92,8 @@ async def _orders(uow: UnitOfWork, plan: EpochPlan, snapshot: FederationSnapshot
         if pool is not None:
             await _add_order(uow, g["kind"], cluster, pool, owners, {
                 "target_nodes": pool.nodes + g["add"], "add_nodes": g["add"],
-                "from_nodes": pool.nodes, "reason": ",".join(dict.fromkeys(g["why"]))})
+                "from_nodes": pool.nodes, "reason": ",".join(dict.fromkeys(g["why"])),
+                "order": uuid.uuid4().hex})
             counts[g["kind"]] = counts.get(g["kind"], 0) + 1
     for si in plan.scale_in:
         pool = pools.get((si.cluster, si.pool))

@@ -98,15 +98,16 @@ def scalable_pools(records: Sequence[ClusterRecord], *,
 
 async def set_nodes(route: ScaleRoute, rec: ClusterRecord, pool: str, nodes: int, *,
                     drivers: Mapping[str, ClusterDriver],
-                    accounts: Mapping[str, CloudProvider]) -> int:
+                    accounts: Mapping[str, CloudProvider], order: str = "") -> int:
     """Grow `pool` to `nodes` (ordered nodes included); returns the count. A driver's pool
-    shrinks to it by empty nodes only; a cloud node group never shrinks here."""
+    shrinks to it by empty nodes only; a cloud node group never shrinks here. `order`: the
+    order's idempotency key for a cloud node group (CloudProvider.scale_pool)."""
     if route.how == "account":
         spec = next(p for p in rec.cluster.pools if p.name == pool)
         return await accounts[route.account].scale_pool(
             region=rec.cluster.region, pool=route.group, instance_type=spec.instance_type,
             nodes=nodes, labels={SKYFED_CLUSTER_LABEL: rec.cluster.name},
-            spot=spec.pricing is PricingModel.SPOT)
+            spot=spec.pricing is PricingModel.SPOT, order=order)
     driver = drivers[rec.cluster.name]
     if route.how != "driver" or not isinstance(driver, PoolScalingDriver):
         raise ProviderError(route.reason or "cannot scale", provider="skyfed")

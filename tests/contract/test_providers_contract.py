@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from providers.base import Capability, CloudProvider
+from providers.cloud import client_token
 from providers.errors import (
     AuthError,
     ConfigError,
@@ -341,6 +342,53 @@ async def test_aws_scale_pool_launches_from_the_groups_launch_template(moto_port
     with pytest.raises(ConfigError, match="cluster"):
         await p.scale_pool(region="us-east-1", pool="gpu-ng", instance_type="g5.xlarge",
                            nodes=3, labels={})
+
+
+async def test_aws_scale_pool_launches_each_machine_with_its_orders_client_token(
+        moto_port: int) -> None:
+    """A retried order whose RunInstances timed out after EC2 had accepted it would launch a
+    second machine; with the order's ClientToken for each machine EC2 answers the retry with
+    the first. Bare and from a launch template alike; every order and machine its own."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
+                       aws_access_key_id="AKIDTOK", aws_secret_access_key="secret-tok")
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    ec2.create_launch_template(LaunchTemplateName="tok-lt", LaunchTemplateData={
+        "ImageId": image})
+    labels = {"skyfed.io/cluster": "c-tok"}
+    bare = _aws(moto_port, image_id=image, vcpu_limit=1000)
+    templated = _aws(moto_port, launch_template="tok-lt")
+    assert await bare.scale_pool(region="us-east-1", pool="tok-bare", instance_type="m5.large",
+                                 nodes=2, labels=labels, order="order-1") == 2
+    assert await templated.scale_pool(region="us-east-1", pool="tok-lt",
+                                      instance_type="m5.large", nodes=1, labels=labels,
+                                      order="order-2") == 1
+
+    def tokens(pool: str) -> dict[str, str]:
+        out = ec2.describe_instances(Filters=[{"Name": "tag:skyfed.io/pool", "Values": [pool]}])
+        return {next(t["Value"] for t in i["Tags"] if t["Key"] == "Name"): i["ClientToken"]
+                for r in out["Reservations"] for i in r["Instances"]}
+
+    assert tokens("tok-bare") == {f"skyfed-tok-bare-{i}": client_token("order-1",
+                                                                       f"skyfed-tok-bare-{i}")
+                                  for i in range(2)}
+    assert tokens("tok-lt") == {"skyfed-tok-lt-0": client_token("order-2", "skyfed-tok-lt-0")}
+    assert len({*tokens("tok-bare").values(), *tokens("tok-lt").values()}) == 3
+
+
+def test_a_client_token_is_its_orders_and_its_machines() -> None:
+    """The same in each retry of one order for one machine; another for another machine or
+    order (a later order may reuse a name a removal freed, and EC2 remembers a token after its
+    instance ends); none without an order; within EC2's 64 ASCII characters."""
+    token = client_token("9f" * 16, "skyfed-gpu-3")
+    assert token == client_token("9f" * 16, "skyfed-gpu-3")
+    assert token != client_token("9f" * 16, "skyfed-gpu-4")
+    assert token != client_token("8e" * 16, "skyfed-gpu-3")
+    assert client_token("", "skyfed-gpu-3") == ""
+    assert len(token) <= 64
+    assert token.isascii()
+    assert token.isalnum()
 
 
 async def test_aws_scale_pool_buys_spot_for_a_spot_pool(moto_port: int) -> None:

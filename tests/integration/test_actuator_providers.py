@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import boto3
 import kmock
 import pytest
 from kubernetes import client
@@ -34,6 +36,7 @@ from broker.settings import ActuatorSettings
 from broker.store import Store
 from providers.aws import AwsOptions, AwsProvider
 from providers.base import ClusterDriver, Quota
+from providers.cloud import client_token
 from providers.kubernetes import KubernetesDriver, KubernetesOptions
 from providers.kubernetes_objects import ID_LABEL, MANAGED_LABEL
 from providers.kubernetes_prewarm import copy_name, prepull_name
@@ -97,10 +100,12 @@ async def test_scale_up_through_a_declared_ec2_node_group_on_moto(
                                  **base))  # type: ignore[arg-type]
     clock = ManualClock(1000.0)
     cluster = _eks("eks-use1")
+    # A group of its own per store (the moto server is the module's): each run orders it.
+    group = f"eks-use1-cpu-{uuid.uuid4().hex[:8]}"
     async with store.unit() as uow:
         await uow.tenants.ensure("admin")
         await uow.clusters.upsert(cluster, tenant="admin", attrs={
-            "scaling": {"account": "aws-act", "groups": {"cpu": "eks-use1-cpu"}}})
+            "scaling": {"account": "aws-act", "groups": {"cpu": group}}})
     # The cluster's own driver (its API) cannot add machines; the node group can.
     drivers: dict[str, ClusterDriver] = {"eks-use1": SimulatedClusterDriver(
         "eks-use1", [SimPool(name="cpu", nodes=1, cpu_per_node=2, memory_gib_per_node=8)],
@@ -118,9 +123,23 @@ async def test_scale_up_through_a_declared_ec2_node_group_on_moto(
     assert {q.metric: q.used for q in quotas}["instances"] >= 3
     drv = aws._driver("us-east-1")
     tagged = await asyncio.to_thread(drv.list_nodes, ex_filters={
-        "tag:skyfed.io/pool": "eks-use1-cpu", "instance-state-name": ["pending", "running"]})
+        "tag:skyfed.io/pool": group, "instance-state-name": ["pending", "running"]})
     assert len(tagged) == 3
     assert all(n.extra["tags"]["skyfed.io/cluster"] == "eks-use1" for n in tagged)
+    # Each launch carried the order's idempotency token for its machine (EC2's ClientToken),
+    # so a retry of this order after a launch EC2 accepted but whose answer was lost asks
+    # for the same machine again instead of a second one.
+    async with store.unit() as uow:
+        [order] = await uow.decisions.list_open(kinds=("scale",))
+    assert len(str(order.spec["order"])) == 32
+    ec2 = boto3.client("ec2", region_name="us-east-1",
+                       endpoint_url=f"http://127.0.0.1:{moto_port}",
+                       aws_access_key_id="AKIDACT", aws_secret_access_key="secret-act")
+    tokens = {i["ClientToken"]: i for r in ec2.describe_instances(Filters=[
+        {"Name": "tag:skyfed.io/pool", "Values": [group]}])["Reservations"]
+        for i in r["Instances"]}
+    assert set(tokens) == {client_token(str(order.spec["order"]), n.name) for n in tagged}
+    assert len(tokens) == 3
     # The instances never join this (simulated) cluster: the order stays open, then fails.
     await act.act_once()
     async with store.unit() as uow:
