@@ -261,6 +261,48 @@ async def test_inventory_reads_a_large_pod_list_page_by_page(
                      (str(LIST_PAGE), f"at-{2 * LIST_PAGE}")]
 
 
+async def test_an_expired_continue_token_fails_the_poll_as_transient(
+        k8s: tuple[Any, KubernetesDriver]) -> None:
+    """The API server answers 410 Gone to a continue token older than its compaction window
+    (client-go's pager then lists again from the start): the inventory poll fails as a
+    TransientError, which the loop retries on its next round, and counts no partial list;
+    the next poll lists from the start."""
+    from providers.kubernetes import LIST_PAGE
+
+    k, drv = k8s
+    k.objects[NODES, None, "n1"] = {
+        "metadata": {"name": "n1", "labels": {"skyfed.io/pool": "cpu"}},
+        "status": {"allocatable": {"cpu": "5000", "memory": "4000Gi"}}}
+    pods = [{"metadata": {"name": f"p{i}", "namespace": "x"},
+             "spec": {"nodeName": "n1", "containers": [
+                 {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}]},
+             "status": {"phase": "Running"}} for i in range(LIST_PAGE + 1)]
+    asked: list[str] = []
+    expired = {"at-500"}
+
+    def page(request: Any) -> Any:  # every answer sets its status (kmock keeps the last one)
+        token = request.params.get("continue", "")
+        asked.append(token)
+        if token in expired:
+            return kmock.Response(status=410, payload={
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+                "code": 410, "message": "The provided continue parameter is too old"})
+        start = int(token.removeprefix("at-")) if token else 0
+        end = min(len(pods), start + LIST_PAGE)
+        return kmock.Response(status=200, payload={
+            "kind": "PodList", "items": pods[start:end],
+            "metadata": {"continue": f"at-{end}" if end < len(pods) else ""}})
+
+    k["get /api/v1/pods"] << page
+    with pytest.raises(TransientError, match="resource version gone"):
+        await drv.inventory()
+    assert asked == ["", "at-500"]
+    expired.clear()
+    (node,) = await drv.inventory()
+    assert node.used_cpu == LIST_PAGE + 1  # both pages, none twice
+    assert asked == ["", "at-500", "", "at-500"]
+
+
 def test_malformed_kubeconfig_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "kubeconfig.yaml"
     bad.write_text("apiVersion: v1\nclusters: [this is: not valid\n")
