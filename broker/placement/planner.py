@@ -107,19 +107,16 @@ FULL_NODE_POLICIES = ("traditional", "karpenter")
 # recorded configs (pickled, positional) must keep loading.
 FAMILY_MIN_BATCH = 40
 FAMILY_TIME_FRAC = 11.0
-# Pricing and the family MIP share that box: on a family batch a pricing round starts only
-# if it is expected to end FAMILY_MIP_RESERVE_FRAC x time_limit_s (20 s by default) before
-# the box does: the family MIP's time (~10.6 s at 20000x2000 seed 1, mip_stage's
-# FAMILY_HIGHS_OPTIONS; the sub-MIP that finds its plan does so near its end, so cut short it
-# returns nothing), the rounding before it (~2 s), and what the first round takes beyond the
-# first solve that estimates it (reduced costs, the rebuild: ~1.5 s there; later rounds are
-# estimated by the whole round before them, pricing.generate). Otherwise pricing's
-# own box (pricing_time_frac x time_limit_s, 1.5 s) ends before the first solve of such a
-# batch does, and no column of the batch's own prices is ever added (docs/placement.md
-# section 7). 3.5 (17.5 s) until 2026-12-07: with GKE's GPU taint (feasibility.pool_taints)
-# the family MIP at 20000x2000 seed 1 returned nothing in each of 3 first plans of a process
-# (whose build takes 16-19 s, 12-15 s once warm), and its plan in both with 20 s.
-FAMILY_MIP_RESERVE_FRAC = 4.0
+# No pricing round runs on a family batch: its columns are the seed's (priced to convergence
+# on a sample) and, for every GPU job, all its feasible options, and the family MIP takes
+# the time a round would. At 20000x2000 seed 1 a round (~70,000 columns) takes ~14 s, 2.3x
+# the first solve its start was estimated by, so from 2026-12-05 to 12-07, when pricing
+# shared the family box and stopped 20 s (4 x time_limit_s) before its end, the round ran
+# past that reserve, and in one bench run of three the family MIP, left 9.7 s where it
+# needs 12-14 s from its start, returned nothing: 859,191.72 (3.81 % above the proven bound)
+# against 848,678.18-848,923.21 (2.54-2.57 %) in 58-59 s. Without the round, three plans:
+# 850,565.47-850,615.91 (2.77 %) in 34-40 s (seed 3: 838,239.90 against 835,938-835,970 with
+# the round, which fit there; seed 2 got no round either way; docs/placement.md section 7).
 
 
 class PlannerError(ValueError):
@@ -467,12 +464,9 @@ def _solve_lp(cs: CandidateSet, snapshot: FederationSnapshot, config: PlannerCon
         return ledger, SolveStats("optimal", obj, obj, 0.0, build_s, 0.0, source="empty"), \
             None, model
     pricing_s = config.pricing_time_frac * config.time_limit_s
-    if family:
-        pricing_s = max(pricing_s, _family_left_s(config, candidates_s, t0)
-                        - FAMILY_MIP_RESERVE_FRAC * config.time_limit_s)
     try:
         priced = pricing.generate(
-            cs, pen, budgets, model, rounds=config.pricing_rounds,
+            cs, pen, budgets, model, rounds=0 if family else config.pricing_rounds,
             per_workload=config.pricing_columns,
             min_gain=config.pricing_min_gain,
             budget_s=math.inf if config.deterministic else pricing_s,

@@ -133,8 +133,8 @@ def generate(cs: CandidateSet, pen: FloatArray, budgets: dict[str, float], model
     re-solve; before the first round, the first solve). 5000x500: the first solve ended at
     ~1.3 s of the 1.5 s box, and the round started after it took ~1.1 s more. 20000x2000: a
     round took ~10 s where its re-solve alone took ~7.3 s, and a second round estimated from
-    the re-solve alone started and cut the family MIP's box short (planner.py,
-    FAMILY_MIP_RESERVE_FRAC).
+    the re-solve alone started and cut the family MIP's box short (batches decomposed by pool
+    family now run no round: planner.py).
     """
     t0 = time.perf_counter()
     h: Any = lp.new_highs(model, time_limit_s=lp_time_limit_s)

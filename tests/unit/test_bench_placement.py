@@ -116,20 +116,21 @@ def test_the_reference_seeding_changes_where_pricing_starts_not_the_bound(
     assert max(cut_plain.lp_bound_full, cut_seeded.lp_bound_full) <= plain.lp_bound_full + 1e-6
 
 
-def test_family_batches_price_inside_the_family_box(catalog: Catalog) -> None:
+def test_family_batches_run_no_pricing_round(catalog: Catalog) -> None:
     """On a batch decomposed by pool family (FAMILY_MIN_BATCH x seed_sample workloads: 80 and
-    more with a sample of 2) pricing shares the family MIP's box (planner.FAMILY_MIP_RESERVE_FRAC),
-    so it runs a round even where its own box (pricing_time_frac) is spent before the first
-    solve ends, as it is at 20000x2000; the same batch, not decomposed, prices nothing."""
+    more with a sample of 2) no pricing round runs, however long pricing's box: at
+    20000x2000 the round took the time the family MIP needs, and in one bench run of three
+    the MIP returned nothing (3.81 % above the proven bound instead of 2.54 %). The same
+    batch, not decomposed, prices in the same box."""
     from broker.domain import PolicyAction
 
     snap = generate(catalog, 200, 40, seed=1)
-    family = plan_epoch(snap, PolicyAction(), PlannerConfig(seed_sample=2, pricing_time_frac=0.0,
+    family = plan_epoch(snap, PolicyAction(), PlannerConfig(seed_sample=2, pricing_time_frac=10.0,
                                                             explain=False))
     plain = plan_epoch(snap, PolicyAction(), PlannerConfig(seed_sample=1000,
-                                                           pricing_time_frac=0.0, explain=False))
-    assert family.stats.pricing_rounds >= 1
-    assert plain.stats.pricing_rounds == 0
+                                                           pricing_time_frac=10.0, explain=False))
+    assert family.stats.pricing_rounds == 0
+    assert plain.stats.pricing_rounds >= 1
 
 
 def test_the_bench_times_plans_under_the_collector_settings_of_skyfed_serve(
