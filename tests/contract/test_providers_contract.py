@@ -12,6 +12,7 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -344,21 +345,28 @@ async def test_aws_scale_pool_launches_from_the_groups_launch_template(moto_port
                            nodes=3, labels={})
 
 
+def _bare_and_templated(moto_port: int, key: str) -> tuple[Any, CloudProvider, CloudProvider]:
+    """A boto3 EC2 client of account `key`, and two AWS adapters on moto: one that launches an
+    AMI bare, one that launches from the EC2 launch template `<key>-lt` of that AMI."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
+                       aws_access_key_id=f"AKID{key.upper()}",
+                       aws_secret_access_key=f"secret-{key}")
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    ec2.create_launch_template(LaunchTemplateName=f"{key}-lt", LaunchTemplateData={
+        "ImageId": image})
+    return (ec2, _aws(moto_port, image_id=image, vcpu_limit=1000),
+            _aws(moto_port, launch_template=f"{key}-lt"))
+
+
 async def test_aws_scale_pool_launches_each_machine_with_its_orders_client_token(
         moto_port: int) -> None:
     """A retried order whose RunInstances timed out after EC2 had accepted it would launch a
     second machine; with the order's ClientToken for each machine EC2 answers the retry with
     the first. Bare and from a launch template alike; every order and machine its own."""
-    import boto3
-
-    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
-                       aws_access_key_id="AKIDTOK", aws_secret_access_key="secret-tok")
-    image = ec2.describe_images()["Images"][0]["ImageId"]
-    ec2.create_launch_template(LaunchTemplateName="tok-lt", LaunchTemplateData={
-        "ImageId": image})
+    ec2, bare, templated = _bare_and_templated(moto_port, "tok")
     labels = {"skyfed.io/cluster": "c-tok"}
-    bare = _aws(moto_port, image_id=image, vcpu_limit=1000)
-    templated = _aws(moto_port, launch_template="tok-lt")
     assert await bare.scale_pool(region="us-east-1", pool="tok-bare", instance_type="m5.large",
                                  nodes=2, labels=labels, order="order-1") == 2
     assert await templated.scale_pool(region="us-east-1", pool="tok-lt",
@@ -396,16 +404,8 @@ async def test_aws_scale_pool_buys_spot_for_a_spot_pool(moto_port: int) -> None:
     on-demand machines, whatever the pool's pricing. Bare and from a launch template alike."""
     import asyncio
 
-    import boto3
-
-    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{moto_port}",
-                       aws_access_key_id="AKIDSPOT", aws_secret_access_key="secret-spot")
-    image = ec2.describe_images()["Images"][0]["ImageId"]
-    ec2.create_launch_template(LaunchTemplateName="spot-lt", LaunchTemplateData={
-        "ImageId": image})
+    _, bare, templated = _bare_and_templated(moto_port, "spot")
     labels = {"skyfed.io/cluster": "c-spot"}
-    bare = _aws(moto_port, image_id=image, vcpu_limit=1000)
-    templated = _aws(moto_port, launch_template="spot-lt")
 
     async def on_demand_vcpu() -> float:
         return {q.metric: q.used for q in await bare.get_quotas(region="us-east-1")}["vcpu"]
