@@ -37,10 +37,18 @@ def serve_heap() -> None:
     start-up objects (modules, the app, pydantic schemas), and collect the young generation
     at most every SERVE_YOUNG_THRESHOLD allocations. Cuts GC pauses from the API's tail
     latency and from the placement loop's epochs."""
-    gc.collect()
+    _settle(SERVE_YOUNG_THRESHOLD, collect=True)
+
+
+def _settle(young: int, *, collect: bool) -> None:
+    """Freeze the heap and collect the young generation every `young` allocations; with
+    `collect` (serve's way), after one full collection and never more often than the
+    threshold already set."""
+    if collect:
+        gc.collect()
     gc.freeze()
     gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, SERVE_YOUNG_THRESHOLD), gen1, gen2)
+    gc.set_threshold(max(gen0, young) if collect else young, gen1, gen2)
 
 
 @contextlib.contextmanager
@@ -50,10 +58,7 @@ def run_heap(young: int = YOUNG_THRESHOLD, *, collect: bool = False) -> Iterator
     caller had frozen already stays frozen, with what the run froze)."""
     before = gc.get_threshold()
     thawed = gc.get_freeze_count() == 0
-    if collect:
-        gc.collect()
-    gc.freeze()
-    gc.set_threshold(max(young, before[0]) if collect else young, *before[1:])
+    _settle(young, collect=collect)
     try:
         yield
     finally:

@@ -436,10 +436,11 @@ def _from_scratch(model: Model, start: FloatArray, warm: MipResult, *, time_limi
     cold = solve_mip(model, None, time_limit_s=left, mip_gap=mip_gap, max_nodes=max_nodes,
                      substitute_fixed=substitute_fixed, options=options) if left > 0.01 else None
     start_cost = float(model.cost @ start)
-    if cold is not None and cold.x is not None and cold.objective is not None and \
-            float(model.cost @ cold.x) < start_cost:
-        return MipResult(status=cold.status, objective=float(model.cost @ cold.x),
-                         bound=cold.bound, x=cold.x, solve_s=time.perf_counter() - t0)
+    cold_cost = float(model.cost @ cold.x) if cold is not None and cold.x is not None \
+        else math.inf
+    if cold is not None and cold_cost < start_cost:
+        return MipResult(status=cold.status, objective=cold_cost, bound=cold.bound, x=cold.x,
+                         solve_s=time.perf_counter() - t0)
     return MipResult(status=cold.status if cold is not None else warm.status,
                      objective=start_cost, bound=cold.bound if cold is not None else None,
                      x=start.copy(), solve_s=time.perf_counter() - t0)
