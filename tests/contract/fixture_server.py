@@ -27,7 +27,8 @@ FIXTURES = Path(libcloud.__file__).parent / "test" / "compute" / "fixtures"
 @dataclass
 class FixtureState:
     kind: str  # gce | azure_arm
-    extra: dict[str, object] = field(default_factory=dict)  # [METHOD ]path -> JSON body
+    # [METHOD ]path -> JSON body, or (status, JSON body) for an error the API documents
+    extra: dict[str, object] = field(default_factory=dict)
     faults: list[int] = field(default_factory=list)  # status codes to answer next, in order
     requests: list[str] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)  # each request's body, in order
@@ -70,7 +71,9 @@ def _handler(state: FixtureState) -> type[BaseHTTPRequestHandler]:
                 return
             for key in (f"{self.command} {path}", path):  # "METHOD /path" first, then any method
                 if key in state.extra:
-                    self._send(200, state.extra[key])
+                    answer = state.extra[key]
+                    code, reply = answer if isinstance(answer, tuple) else (200, answer)
+                    self._send(code, reply)
                     return
             for name in _candidates(state.kind, self.command, path):
                 f = FIXTURES / state.kind / name

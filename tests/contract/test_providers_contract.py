@@ -21,6 +21,7 @@ from providers.cloud import client_token
 from providers.errors import (
     AuthError,
     ConfigError,
+    ConflictError,
     NotFoundError,
     ProviderError,
     ThrottledError,
@@ -243,6 +244,27 @@ async def test_gcp_scale_pool_posts_a_labelled_instance(tmp_path: Path) -> None:
         await p.scale_pool(region="us-central1", pool="gpu", instance_type="n1-standard-1",
                            nodes=1, labels={"skyfed.io/cluster": "c1"})
     assert "POST /compute/v1/projects/project_name/zones/us-central1-a/instances" in state.requests
+
+
+async def test_gcp_a_retried_order_asks_for_the_same_instance_and_gce_refuses_it(
+        tmp_path: Path) -> None:
+    """GCE takes no client token: a retried order whose insert GCE accepted before the
+    instance showed asks for the same name again (the lowest free one), and GCE answers
+    alreadyExists (409), a ConflictError, instead of making a second machine."""
+    state = FixtureState("gce")
+    path = "/compute/v1/projects/project_name/zones/us-central1-a/instances"
+    message = "The resource 'projects/project_name/zones/us-central1-a/instances/skyfed-gpu-0' " \
+              "already exists"
+    state.extra[f"POST {path}"] = (409, {"error": {"code": 409, "message": message, "errors": [
+        {"domain": "global", "reason": "alreadyExists", "message": message}]}})
+    with serve(state) as port:
+        p = _gcp(port, tmp_path)
+        with pytest.raises(ConflictError, match="already exists"):
+            await p.scale_pool(region="us-central1", pool="gpu", instance_type="n1-standard-1",
+                               nodes=1, labels={"skyfed.io/cluster": "c1"})
+    posts = [b for r, b in zip(state.requests, state.bodies, strict=True) if r == f"POST {path}"]
+    assert len(posts) == 1
+    assert json.loads(posts[0])["name"] == "skyfed-gpu-0"
 
 
 async def test_aws_remove_nodes_terminates_exactly_the_named_instances(moto_port: int) -> None:
